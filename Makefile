@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make train` and `make test`. Both create the virtual
+# environment on first use (python3.12 + the pinned packages) and reuse it afterwards.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= test,parity
+
+# python3.12 may be a pyenv shim that refuses to run when another version is selected,
+# so try the candidates until one really is 3.12.
+PYTHON312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	$$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$c; break; }; done)
+
+# Keeps tests and tools from writing to $HOME.
+export WANDB_MODE ?= offline
+export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
+export XDG_CACHE_HOME ?= $(CURDIR)/.cache
+
+.PHONY: setup test test-fast lint format clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "error: python3.12 not found; install Python 3.12 or pass PYTHON312=/path/to/python3.12"; exit 1; }
+	@test -x $(PY) || $(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $@
+
+test: setup
+	$(PY) -m pytest -n 2 --dist loadgroup -q
+
+test-fast: setup
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check linear_gpt2 scripts tests benchmarks
+	$(VENV)/bin/ruff format --check linear_gpt2 scripts tests benchmarks
+
+format: setup
+	$(VENV)/bin/ruff check --fix linear_gpt2 scripts tests benchmarks
+	$(VENV)/bin/ruff format linear_gpt2 scripts tests benchmarks
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

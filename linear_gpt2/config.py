@@ -1,0 +1,404 @@
+"""Typed configuration: dataclass schemas, YAML files and dotted command-line overrides.
+
+A run is described by one :class:`Config` with six sections (``model``, ``attention``, ``data``,
+``train``, ``log``, ``checkpoint``). Files in ``configs/`` are YAML; overrides are
+``section.key=value`` strings (``model.n_layer=24 attention.chunk_size=128``). OmegaConf merges
+them onto the dataclass schema, which rejects unknown keys and values of the wrong type; each
+dataclass's ``__post_init__`` then checks the values and the combinations. Every failure is a
+:class:`ConfigError` that names the key and says what is valid.
+
+The model code sees one flat, frozen :class:`ModelConfig`: the architecture fields, the attention
+name (``attention``) and the attention options, so that a model is described by one hashable value
+(it is a static argument to ``jax.jit``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from linear_gpt2 import attention as attention_registry
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run, with the offending key and what would be valid."""
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _check_choice(value: str, key: str, valid: tuple[str, ...] | list[str]) -> None:
+    if value not in valid:
+        close = difflib.get_close_matches(str(value), list(valid), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}: {value!r} is not valid{hint}; valid values: {', '.join(valid)}")
+
+
+FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
+KERNELS = ("auto", "xla", "pallas", "triton", "cudnn")
+SCANS = ("cumsum", "associative")
+DTYPES = ("float32", "bfloat16")
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """GPT-2 architecture (the YAML ``model`` section). Defaults are GPT-2 124M trained from
+    scratch (vocabulary padded to 50304, a multiple of 64, as nanoGPT does)."""
+
+    vocab_size: int = 50304
+    block_size: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    # Activation/matmul dtype; parameters, LayerNorm statistics, softmax and loss stay float32.
+    dtype: str = "float32"
+    # Rematerialise each block in the backward pass (saves activation memory at long context).
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            _check(getattr(self, name) > 0, f"model.{name}", f"must be positive, got {getattr(self, name)}")
+        _check(
+            self.n_embd % self.n_head == 0,
+            "model.n_embd",
+            f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose n_embd as a "
+            f"multiple of n_head (e.g. {self.n_head * max(1, round(self.n_embd / self.n_head))})",
+        )
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        _check_choice(self.dtype, "model.dtype", DTYPES)
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Options read by the attention variants; each variant reads only those it declares."""
+
+    # Positive feature map phi applied to q and k by the linear variants.
+    feature_map: str = "softplus"
+    # Chunk size c of LT_chunked (and block size of the blocked LT_attention_parallel).
+    chunk_size: int = 64
+    # Implementation: xla (pure JAX), pallas, triton, cudnn (flash on GPU), or auto.
+    kernel: str = "auto"
+    # LT_state_parallel's prefix sum: jnp.cumsum or lax.associative_scan.
+    scan: str = "cumsum"
+    # Added to the linear-attention normaliser sum_j phi(q_i).phi(k_j) before dividing.
+    eps: float = 1e-6
+
+    def _validate_attention(self, name: str, prefix: str) -> None:
+        _check_choice(name, f"{prefix}name" if prefix else "attention", attention_registry.names())
+        _check_choice(self.feature_map, f"{prefix}feature_map", FEATURE_MAPS)
+        _check_choice(self.kernel, f"{prefix}kernel", KERNELS)
+        _check_choice(self.scan, f"{prefix}scan", SCANS)
+        _check(self.chunk_size >= 1, f"{prefix}chunk_size", f"must be >= 1, got {self.chunk_size}")
+        _check(self.eps >= 0.0, f"{prefix}eps", f"must be >= 0, got {self.eps}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig(AttentionOptions):
+    """The YAML ``attention`` section: which algorithm, and its options."""
+
+    name: str = "softmax"
+
+    def __post_init__(self) -> None:
+        self._validate_attention(self.name, "attention.")
+
+
+@dataclass(frozen=True)
+class ModelConfig(AttentionOptions, ArchConfig):
+    """Everything the model needs, flat and hashable: architecture, attention name, options.
+
+    Build it directly (``ModelConfig(n_layer=2, n_head=2, n_embd=64, attention="LT_chunked")``),
+    from a preset (``ModelConfig.preset("124M")``) or from a run config (``Config.model_config``).
+    """
+
+    attention: str = "softmax"
+
+    def __post_init__(self) -> None:
+        ArchConfig.__post_init__(self)
+        self._validate_attention(self.attention, "")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def attention_options(self) -> dict[str, Any]:
+        """The attention options as keyword arguments for ``attention.get``."""
+        return {f.name: getattr(self, f.name) for f in fields(AttentionOptions)}
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A GPT-2 size by name (``124M``, ``355M``, ``774M``, ``1.6B`` or the Hugging Face names
+        ``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``), with field overrides."""
+        return cls(**{**preset_values(name), **overrides})
+
+
+# nanoGPT's from_pretrained table; head dim is 64 in all four.
+PRESETS: dict[str, dict[str, int]] = {
+    "124M": dict(n_layer=12, n_head=12, n_embd=768),
+    "355M": dict(n_layer=24, n_head=16, n_embd=1024),
+    "774M": dict(n_layer=36, n_head=20, n_embd=1280),
+    "1.6B": dict(n_layer=48, n_head=25, n_embd=1600),
+}
+PRESET_ALIASES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl": "1.6B"}
+
+
+def preset_values(name: str) -> dict[str, int]:
+    canonical = PRESET_ALIASES.get(name, name)
+    if canonical not in PRESETS:
+        _check_choice(name, "model.preset", [*PRESETS, *PRESET_ALIASES])
+    return dict(PRESETS[canonical])
+
+
+# --------------------------------------------------------------------------------------------
+# Data, training, logging, checkpointing
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # synthetic: random tokens (timing runs); sample: the corpus the project generates offline;
+    # c4: allenai/c4 from the hub (streaming) or from local files in C4's format (``path``).
+    source: str = "sample"
+    path: str | None = None
+    # Training context length; at most model.block_size.
+    context: int = 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_choice(self.source, "data.source", ("synthetic", "sample", "c4"))
+        _check(self.context >= 1, "data.context", f"must be >= 1, got {self.context}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # Tokens per optimizer update, held constant across contexts as the post does (2^19).
+    tokens_per_update: int = 2**19
+    micro_batch: int = 8  # sequences per device per micro-step
+    max_steps: int = 5000
+    max_hours: float | None = None
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 700
+    lr_decay_steps: int | None = None  # defaults to max_steps
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    on_nan: str = "stop"  # stop | skip
+    fsdp: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("tokens_per_update", "micro_batch", "max_steps"):
+            _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
+        _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr={self.lr}], got {self.min_lr}")
+        _check(self.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)")
+        _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 disables), got {self.grad_clip}")
+        _check_choice(self.on_nan, "train.on_nan", ("stop", "skip"))
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    run_dir: str = "runs/${log.name}"
+    name: str = "default"
+    every: int = 1
+    eval_every: int = 250
+    eval_batches: int = 20
+    wandb: str = "offline"  # online | offline | disabled
+    wandb_project: str = "linear_gpt2"
+    wandb_group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_choice(self.wandb, "log.wandb", ("online", "offline", "disabled"))
+        _check(self.every >= 1, "log.every", f"must be >= 1, got {self.every}")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 1000
+    keep: int = 3
+    resume: str = "auto"  # auto | never | <path to a checkpoint directory>
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 1, "checkpoint.every", f"must be >= 1, got {self.every}")
+        _check(self.keep >= 1, "checkpoint.keep", f"must be >= 1, got {self.keep}")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ArchConfig = field(default_factory=ArchConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(
+            self.data.context <= self.model.block_size,
+            "data.context",
+            f"context {self.data.context} is longer than model.block_size={self.model.block_size}; "
+            f"lower data.context or raise model.block_size",
+        )
+        if self.attention.name == "LT_chunked":
+            _check(
+                self.data.context % self.attention.chunk_size == 0,
+                "attention.chunk_size",
+                f"chunk_size={self.attention.chunk_size} does not divide data.context="
+                f"{self.data.context}; choose a divisor of the context (e.g. "
+                f"{_largest_divisor_at_most(self.data.context, self.attention.chunk_size)})",
+            )
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The flat model description built from the ``model`` and ``attention`` sections."""
+        arch = {f.name: getattr(self.model, f.name) for f in fields(ArchConfig)}
+        opts = {f.name: getattr(self.attention, f.name) for f in fields(AttentionOptions)}
+        return ModelConfig(**arch, **opts, attention=self.attention.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def _valid_keys(node: Any) -> list[str]:
+    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+
+
+def _translate(err: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
+    """Turn an OmegaConf error into one that names the full key and lists the valid ones."""
+    full_key = getattr(err, "full_key", None) or ""
+    parent_key, _, leaf = str(full_key).rpartition(".")
+    if isinstance(err, ConfigKeyError) or "not in" in str(err):
+        parent = OmegaConf.select(schema, parent_key) if parent_key else schema
+        valid = _valid_keys(parent)
+        close = difflib.get_close_matches(leaf, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        where = f"section {parent_key!r}" if parent_key else "the top level"
+        return ConfigError(
+            f"unknown config key {full_key!r}{hint}; valid keys in {where}: {', '.join(valid)}"
+        )
+    if isinstance(err, ValidationError):
+        expected = OmegaConf.select(schema, full_key) if full_key else None
+        kind = type(expected).__name__ if expected is not None else "the schema's type"
+        msg = str(err).splitlines()[0]
+        return ConfigError(f"{full_key}: wrong type ({msg}); expected a value like {expected!r} ({kind})")
+    return ConfigError(f"{full_key or 'config'}: {str(err).splitlines()[0]}")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    with path.open() as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+    # ``defaults: [other.yaml, ...]`` lets a file extend others (paths relative to this file).
+    bases = data.pop("defaults", []) or []
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        merged = _deep_merge(merged, _read_yaml(path.parent / base))
+    return _deep_merge(merged, data)
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a run configuration: schema defaults, then the YAML file, then the overrides.
+
+    ``model.preset`` (``124M``, ``355M``, ``774M``, ``1.6B`` or a Hugging Face name) fills
+    ``n_layer``, ``n_head`` and ``n_embd`` before the file's and the overrides' own keys apply.
+    """
+    schema = OmegaConf.structured(Config)
+    raw = _read_yaml(Path(path)) if path is not None else {}
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"overrides must look like section.key=value, got {bad}")
+    try:
+        cli = OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as e:  # pragma: no cover - malformed dotlist
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from None
+    file_cfg = OmegaConf.create(raw)
+    preset = OmegaConf.select(cli, "model.preset", default=None) or OmegaConf.select(
+        file_cfg, "model.preset", default=None
+    )
+    for layer in (file_cfg, cli):
+        if OmegaConf.select(layer, "model.preset", default=None) is not None:
+            layer.model.pop("preset")
+    layers = [file_cfg, cli]
+    if preset is not None:
+        layers.insert(0, OmegaConf.create({"model": preset_values(str(preset))}))
+    try:
+        merged = schema
+        for layer in layers:
+            merged = OmegaConf.merge(merged, layer)
+        obj = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        raise _translate(e, schema) from None
+    assert isinstance(obj, Config)
+    return obj
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(cfg.to_yaml())
+
+
+def flat_items(cfg: Config) -> dict[str, Any]:
+    """``{"model.n_layer": 12, ...}``: the resolved config as dotted keys (for wandb and diffs)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out[prefix] = node
+
+    walk("", cfg.to_dict())
+    return out
+
+
+def diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
+    """Keys whose values differ between two configs: ``{key: (a_value, b_value)}``."""
+    fa, fb = flat_items(a), flat_items(b)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+

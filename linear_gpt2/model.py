@@ -1,0 +1,216 @@
+"""GPT-2 in Flax (linen), numerically nanoGPT's ``model.py``.
+
+Same structure and names as nanoGPT: ``wte``, ``wpe``, blocks ``h`` (``ln_1``, ``attn.c_attn``,
+``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``), ``ln_f``, and a language-model head tied
+to ``wte``. Pre-LN blocks, LayerNorm eps 1e-5 with optional bias, exact-erf GELU, dropout at
+nanoGPT's four sites (embeddings, attention weights, after each residual projection), init
+N(0, 0.02) with the residual projections at 0.02/sqrt(2 n_layer).
+
+Two deliberate layout choices (see docs/design.md):
+
+- The ``n_layer`` blocks are one ``nn.scan``: parameters under ``h`` are stacked with a leading
+  ``[n_layer]`` axis, so compile time does not grow with depth (48 layers for 1.6B) and per-block
+  rematerialisation is one flag. ``interop`` unstacks them into nanoGPT's ``h.{i}.`` keys.
+- Dense kernels are ``[in, out]`` (Flax's, and Hugging Face's Conv1D layout).
+
+Mixed precision follows torch autocast: parameters, the residual stream, LayerNorm, softmax and the
+loss are float32; the matmuls run in ``config.dtype``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2 import attention
+from linear_gpt2.config import ModelConfig
+
+Params = dict[str, Any]
+
+_init = nn.initializers.normal(stddev=0.02)
+
+
+def _dense(cfg: ModelConfig, features: int, name: str, stddev: float = 0.02) -> nn.Dense:
+    return nn.Dense(
+        features,
+        use_bias=cfg.bias,
+        dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.float32,
+        kernel_init=nn.initializers.normal(stddev=stddev),
+        bias_init=nn.initializers.zeros,
+        name=name,
+    )
+
+
+def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+    # Two-pass variance, as torch computes it; statistics in float32 whatever the input dtype.
+    return nn.LayerNorm(
+        epsilon=1e-5,
+        use_bias=cfg.bias,
+        use_fast_variance=False,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        name=name,
+    )
+
+
+class CausalSelfAttention(nn.Module):
+    config: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: ``[B, T, C]`` -> ``[B, T, C]``."""
+        cfg = self.config
+        B, T, C = x.shape
+        H, D = cfg.n_head, cfg.head_dim
+        qkv = _dense(cfg, 3 * C, "c_attn")(x)
+        q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
+        fn = attention.get(cfg.attention, **cfg.attention_options())
+        kwargs = {}
+        if cfg.dropout > 0 and not self.deterministic and attention.supports_dropout(cfg.attention):
+            kwargs = dict(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
+        y = fn(q, k, v, **kwargs).reshape(B, T, C)
+        y = _dense(cfg, C, "c_proj", stddev=0.02 / math.sqrt(2 * cfg.n_layer))(y)
+        return nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic)
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        h = _dense(cfg, 4 * cfg.n_embd, "c_fc")(x)
+        h = nn.gelu(h, approximate=False)  # nanoGPT's nn.GELU() is the exact erf form
+        h = _dense(cfg, cfg.n_embd, "c_proj", stddev=0.02 / math.sqrt(2 * cfg.n_layer))(h)
+        return nn.Dropout(cfg.dropout)(h, deterministic=self.deterministic)
+
+
+class Block(nn.Module):
+    config: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
+        """x: ``[B, T, C]`` float32 residual stream. Returns ``(x, None)`` for ``nn.scan``."""
+        cfg = self.config
+        x = x + CausalSelfAttention(cfg, self.deterministic, name="attn")(_layer_norm(cfg, "ln_1")(x))
+        x = x + MLP(cfg, self.deterministic, name="mlp")(_layer_norm(cfg, "ln_2")(x))
+        return x, None
+
+
+class GPT(nn.Module):
+    config: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """tokens: int ``[B, T]`` -> logits float32 ``[B, T, vocab_size]``."""
+        cfg = self.config
+        T = tokens.shape[1]
+        if T > cfg.block_size:
+            raise ValueError(
+                f"cannot forward a sequence of length {T}: block_size is only {cfg.block_size}; "
+                f"use a shorter context or a model with block_size >= {T}"
+            )
+        wte = nn.Embed(cfg.vocab_size, cfg.n_embd, embedding_init=_init, param_dtype=jnp.float32, name="wte")
+        wpe = nn.Embed(cfg.block_size, cfg.n_embd, embedding_init=_init, param_dtype=jnp.float32, name="wpe")
+        x = wte(tokens) + wpe(jnp.arange(T))[None]
+        x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
+
+        block = Block
+        if cfg.remat:
+            block = nn.remat(Block, prevent_cse=False)
+        blocks = nn.scan(
+            block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            length=cfg.n_layer,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )(cfg, self.deterministic, name="h")
+        x, _ = blocks(x, None)
+
+        x = _layer_norm(cfg, "ln_f")(x)
+        # Tied head: logits = x @ wte^T, in the compute dtype, then float32 for the loss.
+        logits = jnp.einsum(
+            "btc,vc->btv",
+            x.astype(cfg.dtype),
+            wte.embedding.astype(cfg.dtype),
+            preferred_element_type=jnp.float32,
+        )
+        return logits.astype(jnp.float32)
+
+
+def init_params(config: ModelConfig, seed: int = 0) -> Params:
+    """Fresh float32 parameters (nanoGPT's init) as a plain nested dict."""
+    model = GPT(config)
+    tokens = jnp.zeros((1, 1), dtype=jnp.int32)
+    variables = jax.jit(model.init)(jax.random.key(seed), tokens)
+    return flax.core.unfreeze(variables["params"])
+
+
+def param_shapes(config: ModelConfig) -> Params:
+    """Parameter shapes and dtypes without allocating them (``jax.ShapeDtypeStruct`` leaves)."""
+    model = GPT(config)
+    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    return jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+
+
+def forward(
+    params: Params,
+    tokens: jax.Array,
+    config: ModelConfig,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+) -> jax.Array:
+    """Logits, float32 ``[B, T, vocab_size]``, for int tokens ``[B, T]``.
+
+    Deterministic (no dropout) unless ``train`` is true, in which case ``rng`` seeds dropout.
+    """
+    deterministic = not train or config.dropout == 0.0
+    rngs = {} if deterministic else {"dropout": rng if rng is not None else jax.random.key(0)}
+    return GPT(config, deterministic).apply({"params": params}, jnp.asarray(tokens, jnp.int32), rngs=rngs)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array, ignore_index: int = -1) -> jax.Array:
+    """Mean token cross-entropy in float32 over targets != ``ignore_index`` (torch's semantics).
+
+    logits ``[..., V]``, targets int ``[...]``.
+    """
+    logits = logits.astype(jnp.float32)
+    valid = targets != ignore_index
+    safe = jnp.where(valid, targets, 0)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
+    nll = jnp.where(valid, log_z - picked, 0.0)
+    return nll.sum() / jnp.maximum(valid.sum(), 1)
+
+
+def loss_fn(
+    params: Params,
+    tokens: jax.Array,
+    targets: jax.Array,
+    config: ModelConfig,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+) -> jax.Array:
+    """Scalar float32 loss of next-token prediction; ``targets`` -1 are ignored."""
+    return cross_entropy(forward(params, tokens, config, train=train, rng=rng), targets)
+
+
+def count_params(params: Params, non_embedding: bool = True) -> int:
+    """Number of parameters, as nanoGPT's ``get_num_params``: by default without the position
+    embeddings (the token embedding counts, since it is also the output head)."""
+    n = sum(int(p.size) for p in jax.tree.leaves(params))
+    if non_embedding:
+        n -= int(params["wpe"]["embedding"].size)
+    return n

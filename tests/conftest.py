@@ -1,0 +1,40 @@
+"""Test-wide settings: nothing is written to $HOME, nothing reaches the network, and GPU-only
+tests are skipped on CPU with the reason."""
+
+import os
+import tempfile
+
+_tmp = tempfile.mkdtemp(prefix="linear_gpt2_tests_")
+for var, value in {
+    "WANDB_MODE": "offline",
+    "WANDB_DIR": os.path.join(_tmp, "wandb"),
+    "WANDB_SILENT": "true",
+    "MPLCONFIGDIR": os.path.join(_tmp, "mpl"),
+    "XDG_CACHE_HOME": os.path.join(_tmp, "cache"),
+    "XDG_CONFIG_HOME": os.path.join(_tmp, "config"),
+    "HF_HOME": os.path.join(_tmp, "hf"),
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ[var] = value
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _has_gpu() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (jax.devices() has none); runs on the lent device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
