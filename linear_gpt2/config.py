@@ -402,3 +402,22 @@ def diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
     fa, fb = flat_items(a), flat_items(b)
     return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m linear_gpt2.config CONFIG [key=value ...]``: print the resolved config."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    path = args.pop(0) if args and "=" not in args[0] else None
+    try:
+        cfg = load_config(path, args)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    print(cfg.to_yaml(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
