@@ -33,8 +33,9 @@ def _has_gpu() -> bool:
 def pytest_collection_modifyitems(config, items):
     if _has_gpu():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (jax.devices() has none); runs on the lent device")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU (jax.devices() has none); runs on the lent device"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-

@@ -41,6 +41,7 @@ class Decoder(NamedTuple):
     step: Callable[..., Any]
     prefill: Callable[..., Any]
 
+
 # name -> module in this package. The names are the post's.
 _VARIANTS: dict[str, str] = {
     "softmax": "softmax",

@@ -2,6 +2,9 @@
 
 Cost O(T^2 D) FLOPs and O(T^2) memory per head. This is nanoGPT's non-flash path, and the
 reference the fused variants are checked against.
+
+:func:`make_decoder` is the KV-cache decoder used for sampling by every softmax-family variant
+(``flash`` reuses it): each new token attends over the cached keys and values.
 """
 
 from __future__ import annotations
@@ -10,9 +13,36 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.experimental import checkify
+
+from linear_gpt2.attention import Decoder
 
 OPTIONS: tuple[str, ...] = ()
 SUPPORTS_DROPOUT = True
+
+
+def _masked_softmax_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> jax.Array:
+    """Softmax attention under a boolean mask. q ``[B, Tq, H, D]``; k, v ``[B, Tk, H, D]``;
+    mask ``[Tq, Tk]`` (True = attend; every row needs at least one True) -> ``[B, Tq, H, D]``."""
+    D = q.shape[-1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(D)
+    scores = jnp.where(mask, scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1)
+    if dropout_rate > 0.0 and dropout_rng is not None:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    y = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+    return y.astype(q.dtype)
 
 
 def softmax_attention(
@@ -27,20 +57,99 @@ def softmax_attention(
 
     Scores are scaled by 1/sqrt(D) and the softmax is taken in float32 whatever the input dtype,
     as torch autocast does. ``dropout_rate`` > 0 with a ``dropout_rng`` drops attention weights
-    (nanoGPT's ``attn_dropout`` site).
+    (nanoGPT's ``attn_dropout`` site) and rescales the kept ones by 1/(1 - rate), so the output's
+    expectation is unchanged; without a ``dropout_rng`` no dropout is applied.
     """
-    T, D = q.shape[1], q.shape[-1]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(D)
+    T = q.shape[1]
     causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-    scores = jnp.where(causal, scores, -jnp.inf)
-    weights = jax.nn.softmax(scores, axis=-1)
-    if dropout_rate > 0.0 and dropout_rng is not None:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    y = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
-    return y.astype(q.dtype)
+    return _masked_softmax_attention(
+        q, k, v, causal, dropout_rate=dropout_rate, dropout_rng=dropout_rng
+    )
 
 
 def make():
     return softmax_attention
+
+
+# --------------------------------------------------------------------------------------------
+# KV-cache decoder
+
+# state = (k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 []): the keys and
+# values of the first ``pos`` tokens, the rest of the cache unused.
+KVCache = tuple[jax.Array, jax.Array, jax.Array]
+
+
+def _kv_init(batch: int, n_head: int, head_dim: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache with room for ``max_len`` tokens."""
+    shape = (batch, max_len, n_head, head_dim)
+    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32)
+
+
+def _check_room(pos: jax.Array, T: int, max_len: int) -> None:
+    """Refuse to write tokens ``pos .. pos+T-1`` past the end of a ``max_len`` cache.
+
+    Three guards, since a traced ``pos`` cannot raise inside ``jit``: a block longer than the
+    whole cache is a shape error (always raised); a concrete ``pos`` (eager use) raises; under
+    ``checkify.checkify`` a traced overflow is reported as a checkify error. Otherwise
+    :func:`_kv_prefill` returns NaN (see there). The sampler should check
+    ``prompt_len + new_tokens <= max_len`` itself before it starts.
+    """
+    if T > max_len:
+        raise ValueError(
+            f"cannot attend a block of {T} tokens with a KV cache of max_len={max_len}"
+        )
+    try:
+        p = int(pos)
+    except jax.errors.ConcretizationTypeError:  # traced: checked at run time (below)
+        p = None
+    if p is not None and p + T > max_len:
+        raise ValueError(
+            f"KV cache overflow: {p} cached tokens + {T} new > max_len={max_len}; "
+            f"initialise the decoder with a larger max_len"
+        )
+    checkify.debug_check(
+        pos + T <= max_len, "KV cache overflow: {} cached + " + f"{T} new > max_len={max_len}", pos
+    )
+
+
+def _kv_prefill(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array):
+    """Append a block of T tokens after the ``pos`` cached ones and attend, causally within the
+    block. q, k, v ``[B, T, H, D]`` -> ``(y [B, T, H, D], state)``.
+
+    The scores are taken against the whole ``max_len`` cache with the unused part masked, so one
+    call costs O(T * max_len * D) whatever ``pos`` is (no recompilation as ``pos`` grows).
+
+    A traced overflow (``pos + T > max_len``) yields NaN outputs, and every later call on that
+    state too, instead of the silently wrong answer ``lax.dynamic_update_slice`` would give (it
+    clamps the write position).
+    """
+    k_cache, v_cache, pos = state
+    T, max_len = q.shape[1], k_cache.shape[1]
+    _check_room(pos, T, max_len)
+    start = (0, pos, 0, 0)
+    k_cache = lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+    v_cache = lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+    # Query i of the block sits at absolute position pos + i and sees keys 0 .. pos + i.
+    mask = jnp.arange(max_len)[None, :] <= pos + jnp.arange(T)[:, None]
+    y = _masked_softmax_attention(q, k_cache, v_cache, mask)
+    new_pos = pos + T
+    y = jnp.where(new_pos <= max_len, y, jnp.nan)
+    return y, (k_cache, v_cache, new_pos)
+
+
+def _kv_step(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array):
+    """One token: q, k, v ``[B, H, D]`` -> ``(y [B, H, D], state)``; a prefill of length 1."""
+    y, state = _kv_prefill(state, q[:, None], k[:, None], v[:, None])
+    return y[:, 0], state
+
+
+def make_decoder() -> Decoder:
+    """The KV-cache :class:`~linear_gpt2.attention.Decoder` of causal softmax attention.
+
+    State ``(k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 [])`` in the
+    ``dtype`` given to ``init``; scores and softmax in float32 as in :func:`softmax_attention`.
+    Per-token cost is O(max_len * D) per head, growing with the context the cache is sized for.
+    Writing past ``max_len`` raises where it can and yields NaN where it cannot (inside ``jit``);
+    see :func:`_check_room`.
+    """
+    return Decoder(init=_kv_init, step=_kv_step, prefill=_kv_prefill)
