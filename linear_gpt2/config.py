@@ -72,7 +72,11 @@ class ArchConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            _check(getattr(self, name) > 0, f"model.{name}", f"must be positive, got {getattr(self, name)}")
+            _check(
+                getattr(self, name) > 0,
+                f"model.{name}",
+                f"must be positive, got {getattr(self, name)}",
+            )
         _check(
             self.n_embd % self.n_head == 0,
             "model.n_embd",
@@ -175,14 +179,41 @@ class DataConfig:
     # synthetic: random tokens (timing runs); sample: the corpus the project generates offline;
     # c4: allenai/c4 from the hub (streaming) or from local files in C4's format (``path``).
     source: str = "sample"
+    # c4: a directory (or glob) of local C4 files, c4-{train,validation}.NNNNN-of-MMMMM.json.gz;
+    # unset streams from the hub. sample: where the corpus is generated (default data/sample).
     path: str | None = None
     # Training context length; at most model.block_size.
     context: int = 1024
+    # Orders the data (window permutation / file order per epoch); the sample corpus is fixed.
     seed: int = 0
+    # Hugging Face dataset name and config for source=c4 without path or tokenized_dir.
+    hf_dataset: str = "allenai/c4"
+    hf_config: str = "en"
+    # Pre-tokenized shards (scripts/prepare_data.py): <tokenized_dir>/<split>/*.bin + index.json.
+    # Set, source=c4 reads them instead of streaming; for source=sample it defaults to path/tokenized.
+    tokenized_dir: str | None = None
+    # Name of the held-out split used for validation loss (C4 calls it "validation").
+    val_split: str = "validation"
+    # Shuffle the train split each epoch (windows when pre-tokenized, files when streaming).
+    shuffle: bool = True
+    # Documents in the hub stream's shuffle buffer (datasets' IterableDataset.shuffle).
+    shuffle_buffer: int = 10_000
+    # Worker processes for pre-tokenization (scripts/prepare_data.py).
+    num_proc: int = 2
+    # Batches prepared ahead by the background thread; 0 loads in the training thread.
+    prefetch: int = 2
 
     def __post_init__(self) -> None:
         _check_choice(self.source, "data.source", ("synthetic", "sample", "c4"))
         _check(self.context >= 1, "data.context", f"must be >= 1, got {self.context}")
+        _check(self.num_proc >= 1, "data.num_proc", f"must be >= 1, got {self.num_proc}")
+        _check(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
+        _check(
+            self.shuffle_buffer >= 1,
+            "data.shuffle_buffer",
+            f"must be >= 1, got {self.shuffle_buffer}",
+        )
+        _check(bool(self.val_split), "data.val_split", "must be a split name, e.g. 'validation'")
 
 
 @dataclass(frozen=True)
@@ -206,12 +237,28 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_update", "micro_batch", "max_steps"):
-            _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
+            _check(
+                getattr(self, name) >= 1,
+                f"train.{name}",
+                f"must be >= 1, got {getattr(self, name)}",
+            )
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
-        _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr={self.lr}], got {self.min_lr}")
-        _check(self.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)")
-        _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 disables), got {self.grad_clip}")
+        _check(
+            0 <= self.min_lr <= self.lr,
+            "train.min_lr",
+            f"must be in [0, train.lr={self.lr}], got {self.min_lr}",
+        )
+        _check(
+            self.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {self.warmup_steps}"
+        )
+        _check(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)"
+        )
+        _check(
+            self.grad_clip >= 0,
+            "train.grad_clip",
+            f"must be >= 0 (0 disables), got {self.grad_clip}",
+        )
         _check_choice(self.on_nan, "train.on_nan", ("stop", "skip"))
 
 
@@ -313,7 +360,9 @@ def _translate(err: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
         expected = OmegaConf.select(schema, full_key) if full_key else None
         kind = type(expected).__name__ if expected is not None else "the schema's type"
         msg = str(err).splitlines()[0]
-        return ConfigError(f"{full_key}: wrong type ({msg}); expected a value like {expected!r} ({kind})")
+        return ConfigError(
+            f"{full_key}: wrong type ({msg}); expected a value like {expected!r} ({kind})"
+        )
     return ConfigError(f"{full_key or 'config'}: {str(err).splitlines()[0]}")
 
 
@@ -323,7 +372,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     with path.open() as f:
         data = yaml.safe_load(f) or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}"
+        )
     # ``defaults: [other.yaml, ...]`` lets a file extend others (paths relative to this file).
     bases = data.pop("defaults", []) or []
     merged: dict[str, Any] = {}
@@ -335,17 +386,20 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for k, v in b.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = (
+            _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
     """Load a run configuration: schema defaults, then the YAML file, then the overrides.
 
     ``model.preset`` (``124M``, ``355M``, ``774M``, ``1.6B`` or a Hugging Face name) fills
     ``n_layer``, ``n_head`` and ``n_embd`` before the file's and the overrides' own keys apply.
     """
-    schema = OmegaConf.structured(Config)
     raw = _read_yaml(Path(path)) if path is not None else {}
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:
@@ -364,6 +418,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     layers = [file_cfg, cli]
     if preset is not None:
         layers.insert(0, OmegaConf.create({"model": preset_values(str(preset))}))
+    return _build(layers)
+
+
+def load_config_from_dict(data: dict[str, Any]) -> Config:
+    """A ``Config`` from its ``to_dict()`` form (as saved with runs and checkpoints)."""
+    return _build([OmegaConf.create(data)])
+
+
+def _build(layers: list[DictConfig]) -> Config:
+    schema = OmegaConf.structured(Config)
     try:
         merged = schema
         for layer in layers:
@@ -401,7 +465,6 @@ def diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
     """Keys whose values differ between two configs: ``{key: (a_value, b_value)}``."""
     fa, fb = flat_items(a), flat_items(b)
     return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,241 @@
+"""Where documents come from: local C4 files or allenai/c4 on the hub, both through ``datasets``.
+
+Both paths read with ``datasets.load_dataset(..., streaming=True)``: local files with the
+``json`` builder, one file at a time (so every error names its file and a position within a file
+is a resumable ``(file, row)``), the hub with ``load_dataset("allenai/c4", "en")`` split across
+hosts by :func:`datasets.distributed.split_dataset_by_node`.
+
+Bad input, decided per case (never silently wrong data):
+
+======================================  =======================================================
+missing ``data.path`` / no split files  error (:class:`FileNotFoundError`, says what to set)
+empty source file (no documents)        skip, counted in ``stats["empty_files"]``, warning
+truncated / corrupt gzip                error (:class:`DataError`, names the file)
+a line that is not JSON                 error (:class:`DataError`, names the file)
+non-UTF-8 bytes                         error (:class:`DataError`, names the file)
+record without ``text`` (or empty)      skip, counted in ``stats["no_text"]``, warning
+``text`` that is not a string           error (:class:`DataError`, file and row)
+hub unreachable / offline               error at once (no retries), says how to set data.path
+======================================  =======================================================
+
+Truncation, bad JSON and bad bytes are errors rather than skips because the JSON reader fails
+on a whole block, so the documents around the bad line would be lost too, and a file damaged
+that way should be re-downloaded rather than trained on. A record without text carries no data,
+so skipping it loses nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import logging
+import os
+import socket
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+
+
+class DataError(RuntimeError):
+    """Input data that cannot be used as is; the message names the file and what to do."""
+
+
+def new_stats() -> dict[str, int]:
+    """Counters of documents read and of skips (see the module docstring)."""
+    return {"docs": 0, "no_text": 0, "empty_files": 0}
+
+
+# --------------------------------------------------------------------------------------------
+# Local C4 files
+
+
+def c4_files(path: str | os.PathLike, split: str) -> list[Path]:
+    """The local C4 files of ``split`` under ``path``, sorted by name.
+
+    ``path`` is a directory holding ``c4-<split>.NNNNN-of-MMMMM.json.gz`` files (``.json`` works
+    too), a glob (``/dir/c4-train.0000*.json.gz``: its matches for this split; for the other split
+    the standard names in the glob's directory), or one file.
+    """
+    text = os.path.expanduser(str(path))
+    pattern = f"c4-{split}.*.json*"
+    if os.path.isdir(text):
+        folder, files = Path(text), sorted(Path(text).glob(pattern))
+    elif os.path.isfile(text):
+        folder, files = Path(text).parent, [Path(text)]
+    elif glob.has_magic(text):
+        folder = Path(text).parent
+        if not folder.is_dir():
+            raise FileNotFoundError(_missing(text))
+        matches = [Path(m) for m in sorted(glob.glob(text))]
+        files = [m for m in matches if m.name.startswith(f"c4-{split}.")]
+        if not files:
+            # A glob written for the train files also finds the validation files beside them.
+            files = sorted(folder.glob(pattern))
+    else:
+        raise FileNotFoundError(_missing(text))
+    files = [f for f in files if not f.name.endswith(".tmp")]
+    if not files:
+        raise FileNotFoundError(
+            f"no C4 {split!r} files ({pattern}) found for data.path={text!r} (looked in {folder}); "
+            f"download them from allenai/c4 (en/c4-{split}.*.json.gz) into that directory"
+        )
+    return files
+
+
+def _missing(path: str) -> str:
+    return (
+        f"data.path={path!r} does not exist; point it at a directory of C4 files, e.g. "
+        f"data.path=/dir/with/c4-train.*.json.gz (files named c4-train.00000-of-01024.json.gz)"
+    )
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _is_empty(path: Path) -> bool:
+    """True when the file holds no bytes but whitespace (after decompression)."""
+    try:
+        with _open_bytes(path) as f:
+            while chunk := f.read(1 << 16):
+                if chunk.strip():
+                    return False
+        return True
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: truncated or corrupt gzip file ({e}); re-download it") from e
+
+
+def _is_empty_fast(path: Path) -> bool:
+    # Reading a whole file twice would double the I/O; a file is "empty" only if it is tiny.
+    if path.stat().st_size > 4096:
+        return False
+    return _is_empty(path)
+
+
+def iter_file(
+    path: Path, start_row: int = 0, stats: dict[str, int] | None = None
+) -> Iterator[tuple[int, str]]:
+    """``(row, text)`` for each document of one local C4 file, from ``start_row`` on.
+
+    ``row`` counts every record of the file (skipped ones too), so ``(file, row)`` is a stable
+    position to resume from.
+    """
+    from datasets import load_dataset
+
+    stats = new_stats() if stats is None else stats
+    if _is_empty_fast(path):
+        log.warning("%s holds no documents; skipping it", path)
+        stats["empty_files"] += 1
+        return
+    ds = load_dataset("json", data_files=[str(path)], split="train", streaming=True)
+    if start_row:
+        ds = ds.skip(start_row)
+    row = start_row
+    try:
+        for record in ds:
+            text = record.get("text")
+            if text is None or text == "":
+                log.warning("%s row %d has no 'text'; skipping it", path, row)
+                stats["no_text"] += 1
+            elif not isinstance(text, str):
+                raise DataError(
+                    f"{path} row {row}: 'text' is {type(text).__name__}, expected a string "
+                    "(is this a C4 file?)"
+                )
+            else:
+                stats["docs"] += 1
+                yield row, text
+            row += 1
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: truncated or corrupt gzip file ({e}); re-download it") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: bytes that are not UTF-8 ({e}); the file is corrupt") from e
+    except StopIteration as e:  # the json builder's schema inference on a file with no records
+        log.warning("%s holds no documents; skipping it", path)
+        stats["empty_files"] += 1
+        del e
+    except (ValueError, TypeError) as e:
+        if isinstance(e, DataError):
+            raise
+        # pyarrow.lib.ArrowInvalid is a ValueError: "JSON parse error ... in row N".
+        raise DataError(f"{path}: not valid JSON lines ({str(e).splitlines()[0]})") from e
+
+
+# --------------------------------------------------------------------------------------------
+# The hub
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _hub_error(why: str, hf_dataset: str) -> DataError:
+    return DataError(
+        f"cannot stream {hf_dataset} from the Hugging Face hub: {why}. Download the C4 files and "
+        f"point the config at them: data.path=/dir/with/c4-train.*.json.gz (or pre-tokenize them "
+        f"with scripts/prepare_data.py and set data.tokenized_dir), or use data.source=sample"
+    )
+
+
+def check_hub(hf_dataset: str, timeout: float = 3.0) -> None:
+    """Fail at once when the hub cannot be reached, instead of hanging in ``datasets``' retries."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if _truthy(var):
+            raise _hub_error(f"{var} is set (offline mode)", hf_dataset)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout).close()
+    except OSError as e:
+        raise _hub_error(f"{endpoint} is unreachable ({e})", hf_dataset) from e
+
+
+def iter_hub(
+    hf_dataset: str,
+    hf_config: str,
+    split: str,
+    *,
+    process_index: int,
+    process_count: int,
+    start_row: int = 0,
+    shuffle_seed: int | None = None,
+    shuffle_buffer: int = 10_000,
+    stats: dict[str, int] | None = None,
+) -> Iterator[tuple[int, str]]:
+    """``(row, text)`` from the hub, this host's part only; ``row`` counts this host's records.
+
+    The stream is shuffled (shard order and a buffer of ``shuffle_buffer`` documents) when
+    ``shuffle_seed`` is given; the same seed gives the same order, so skipping ``start_row``
+    records resumes exactly.
+    """
+    from datasets import load_dataset
+    from datasets.distributed import split_dataset_by_node
+
+    stats = new_stats() if stats is None else stats
+    check_hub(hf_dataset)
+    try:
+        ds: Any = load_dataset(hf_dataset, hf_config, split=split, streaming=True)
+    except Exception as e:  # connection errors surface as many types; all mean the same here
+        raise _hub_error(f"{type(e).__name__}: {e}", hf_dataset) from e
+    if shuffle_seed is not None:
+        ds = ds.shuffle(seed=shuffle_seed, buffer_size=shuffle_buffer)
+    # Shards are split between hosts when their number divides evenly, else every host reads
+    # all and keeps every process_count-th record; both give disjoint parts that cover the data.
+    ds = split_dataset_by_node(ds, rank=process_index, world_size=process_count)
+    if start_row:
+        ds = ds.skip(start_row)
+    for row, record in enumerate(ds, start=start_row):
+        text = record.get("text")
+        if not isinstance(text, str) or not text:
+            log.warning("%s %s row %d has no 'text'; skipping it", hf_dataset, split, row)
+            stats["no_text"] += 1
+            continue
+        stats["docs"] += 1
+        yield row, text

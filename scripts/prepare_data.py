@@ -1,0 +1,107 @@
+"""Pre-tokenize C4-format files into uint16 token shards (resumable; re-run to continue).
+
+    python scripts/prepare_data.py data.source=c4 data.path=/data/c4/en \\
+        data.tokenized_dir=/data/c4_gpt2 data.num_proc=16
+    python scripts/prepare_data.py                 # the offline sample corpus (data/sample)
+
+Arguments are the same ``section.key=value`` overrides as training (``--config`` a YAML file),
+so the training run can use the identical ``data.*`` settings. Writes
+``<tokenized_dir>/<split>/*.bin`` + ``index.json`` for the train and validation splits; finished
+shards are skipped, so an interrupted run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from linear_gpt2.config import ConfigError, load_config  # noqa: E402
+from linear_gpt2.data import DEFAULT_SAMPLE_DIR, c4_files, ensure_sample, prepare_split  # noqa: E402
+from linear_gpt2.data.sources import DataError  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.path=/dir")
+    ap.add_argument("--config", default=None, help="YAML run config")
+    ap.add_argument("--splits", nargs="+", default=None, help="default: train and data.val_split")
+    args = ap.parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        cfg = load_config(args.config, args.overrides).data
+    except ConfigError as e:
+        console.print(f"[red]config error:[/red] {e}")
+        return 2
+    if cfg.source == "synthetic":
+        console.print("[red]data.source=synthetic has nothing to tokenize[/red]")
+        return 2
+    if cfg.source == "sample":
+        root = Path(cfg.path or DEFAULT_SAMPLE_DIR)
+        ensure_sample(root)
+        out = Path(cfg.tokenized_dir) if cfg.tokenized_dir else root / "tokenized"
+    else:
+        if not cfg.path or not cfg.tokenized_dir:
+            console.print(
+                "[red]set data.path (local C4 files, e.g. data.path=/dir/with/c4-train.*.json.gz) "
+                "and data.tokenized_dir (output directory)[/red]; streaming from the hub needs no "
+                "pre-tokenization"
+            )
+            return 2
+        root, out = Path(cfg.path), Path(cfg.tokenized_dir)
+    splits = args.splits or ["train", cfg.val_split]
+    try:
+        for split in splits:
+            files = c4_files(root, split)
+            _prepare(console, files, out / split, split, cfg.num_proc)
+    except (DataError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 1
+    console.print(f"done: set data.tokenized_dir={out} for training")
+    return 0
+
+
+def _prepare(
+    console: Console, files: list[Path], split_dir: Path, split: str, num_proc: int
+) -> None:
+    totals = {"tokens": 0, "docs": 0, "no_text": 0, "empty_files": 0, "skipped": 0}
+    t0 = time.perf_counter()
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tokens]:,} tokens ({task.fields[rate]})"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(split, total=len(files), tokens=0, rate="-")
+
+        def on_shard(entry: dict) -> None:
+            totals["tokens"] += entry["n_tokens"]
+            totals["docs"] += entry["n_docs"]
+            totals["no_text"] += entry["no_text"]
+            totals["empty_files"] += entry["empty_files"]
+            totals["skipped"] += bool(entry.get("skipped"))
+            rate = totals["tokens"] / max(time.perf_counter() - t0, 1e-9)
+            progress.update(
+                task, advance=1, tokens=totals["tokens"], rate=f"{rate / 1e6:.2f}M tok/s"
+            )
+
+        prepare_split(files, split_dir, split, num_proc=num_proc, on_shard=on_shard)
+    console.print(
+        f"{split}: {len(files)} files ({totals['skipped']} already done), {totals['docs']:,} documents, "
+        f"{totals['tokens']:,} tokens -> {split_dir}; skipped {totals['no_text']} records without "
+        f"text and {totals['empty_files']} empty files"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
