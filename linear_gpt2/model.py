@@ -101,7 +101,9 @@ class Block(nn.Module):
     def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
         """x: ``[B, T, C]`` float32 residual stream. Returns ``(x, None)`` for ``nn.scan``."""
         cfg = self.config
-        x = x + CausalSelfAttention(cfg, self.deterministic, name="attn")(_layer_norm(cfg, "ln_1")(x))
+        x = x + CausalSelfAttention(cfg, self.deterministic, name="attn")(
+            _layer_norm(cfg, "ln_1")(x)
+        )
         x = x + MLP(cfg, self.deterministic, name="mlp")(_layer_norm(cfg, "ln_2")(x))
         return x, None
 
@@ -120,8 +122,12 @@ class GPT(nn.Module):
                 f"cannot forward a sequence of length {T}: block_size is only {cfg.block_size}; "
                 f"use a shorter context or a model with block_size >= {T}"
             )
-        wte = nn.Embed(cfg.vocab_size, cfg.n_embd, embedding_init=_init, param_dtype=jnp.float32, name="wte")
-        wpe = nn.Embed(cfg.block_size, cfg.n_embd, embedding_init=_init, param_dtype=jnp.float32, name="wpe")
+        wte = nn.Embed(
+            cfg.vocab_size, cfg.n_embd, embedding_init=_init, param_dtype=jnp.float32, name="wte"
+        )
+        wpe = nn.Embed(
+            cfg.block_size, cfg.n_embd, embedding_init=_init, param_dtype=jnp.float32, name="wpe"
+        )
         x = wte(tokens) + wpe(jnp.arange(T))[None]
         x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
@@ -177,7 +183,9 @@ def forward(
     """
     deterministic = not train or config.dropout == 0.0
     rngs = {} if deterministic else {"dropout": rng if rng is not None else jax.random.key(0)}
-    return GPT(config, deterministic).apply({"params": params}, jnp.asarray(tokens, jnp.int32), rngs=rngs)
+    return GPT(config, deterministic).apply(
+        {"params": params}, jnp.asarray(tokens, jnp.int32), rngs=rngs
+    )
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, ignore_index: int = -1) -> jax.Array:

@@ -125,7 +125,9 @@ def test_chunk_size_must_divide_context():
         load_config(None, overrides)
     msg = str(e.value)
     assert "chunk_size=96" in msg and "1000" in msg and "e.g. 50" in msg
-    cfg = load_config(None, ["attention.name=LT_chunked", "attention.chunk_size=1000", "data.context=1000"])
+    cfg = load_config(
+        None, ["attention.name=LT_chunked", "attention.chunk_size=1000", "data.context=1000"]
+    )
     assert cfg.attention.chunk_size == 1000
 
 
@@ -159,7 +161,10 @@ def test_run_config_builds_model_config():
 
 def test_every_registered_attention_name_is_a_valid_config_value():
     for name in attention.names():
-        assert load_config(None, [f"attention.name={name}", "attention.chunk_size=64"]).attention.name == name
+        assert (
+            load_config(None, [f"attention.name={name}", "attention.chunk_size=64"]).attention.name
+            == name
+        )
 
 
 def test_resolved_config_round_trips_through_its_saved_yaml(tmp_path):

@@ -56,7 +56,9 @@ def test_bias_flag_removes_every_bias():
     with_bias = count_params(init_params(ModelConfig(**TINY)), non_embedding=False)
     C, L = TINY["n_embd"], TINY["n_layer"]
     # Per block: 2 LayerNorm biases, c_attn (3C), c_proj (C), c_fc (4C), mlp c_proj (C); plus ln_f.
-    assert with_bias - count_params(p, non_embedding=False) == L * (2 * C + 3 * C + C + 4 * C + C) + C
+    assert (
+        with_bias - count_params(p, non_embedding=False) == L * (2 * C + 3 * C + C + 4 * C + C) + C
+    )
 
 
 def test_forward_shape_dtype_and_causality(tiny):
@@ -113,7 +115,9 @@ def test_cross_entropy_ignores_minus_one_like_torch():
     valid = targets != -1
     nll = logz - np.take_along_axis(logits, np.where(valid, targets, 0)[..., None], -1)[..., 0]
     expected = nll[valid].mean()
-    assert float(cross_entropy(jnp.asarray(logits), jnp.asarray(targets))) == pytest.approx(expected, rel=1e-6)
+    assert float(cross_entropy(jnp.asarray(logits), jnp.asarray(targets))) == pytest.approx(
+        expected, rel=1e-6
+    )
 
 
 def test_bfloat16_compute_is_close_to_float32_and_returns_float32(tiny):

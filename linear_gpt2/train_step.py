@@ -1,0 +1,77 @@
+"""The jitted training step: gradient accumulation by ``lax.scan``, AdamW, and a finite check.
+
+One call is one optimizer update over ``tokens_per_update`` tokens: the batch arrives as
+``[accum, global_micro_batch, T]`` with the micro-batch axis split across devices, the scan sums
+gradients of ``accum`` micro-batches (loss is a per-token mean, so the summed mean gradients over
+equal micro-batches divided by ``accum`` equal the gradient of one large batch), and one AdamW
+step applies them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from linear_gpt2.config import ModelConfig
+from linear_gpt2.model import loss_fn
+
+
+class TrainState(NamedTuple):
+    params: Any
+    opt_state: Any
+    step: jax.Array  # int32 scalar: updates applied so far
+
+
+def init_state(params, tx: optax.GradientTransformation) -> TrainState:
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+
+
+def make_train_step(model_cfg: ModelConfig, tx: optax.GradientTransformation, skip_nonfinite: bool):
+    """``step(state, inputs, targets, key) -> (state, metrics)``.
+
+    inputs, targets: int32 ``[accum, B, T]``. ``key`` seeds dropout; each update folds in its step
+    number so a resumed run draws the same masks. With ``skip_nonfinite`` an update whose loss or
+    gradient is NaN/inf is dropped (parameters and optimizer state unchanged) and reported.
+    """
+
+    def step(state: TrainState, inputs: jax.Array, targets: jax.Array, key: jax.Array):
+        accum = inputs.shape[0]
+        keys = jax.random.split(jax.random.fold_in(key, state.step), accum)
+        grad_fn = jax.value_and_grad(loss_fn)
+
+        def micro(carry, xs):
+            grads, loss = carry
+            x, y, k = xs
+            l, g = grad_fn(state.params, x, y, model_cfg, train=True, rng=k)
+            return (jax.tree.map(jnp.add, grads, g), loss + l), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        (grads, loss), _ = jax.lax.scan(
+            micro, (zeros, jnp.zeros((), jnp.float32)), (inputs, targets, keys)
+        )
+        grads = jax.tree.map(lambda g: g / accum, grads)
+        loss = loss / accum
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new = TrainState(params, opt_state, state.step + 1)
+        if skip_nonfinite:
+            keep = TrainState(state.params, state.opt_state, state.step + 1)
+            new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, keep)
+        return new, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+
+    return step
+
+
+def make_eval_step(model_cfg: ModelConfig):
+    """``eval(params, inputs, targets) -> mean loss`` over ``[accum, B, T]`` batches."""
+
+    def evaluate(params, inputs, targets):
+        losses = jax.lax.map(lambda xy: loss_fn(params, xy[0], xy[1], model_cfg), (inputs, targets))
+        return losses.mean()
+
+    return evaluate

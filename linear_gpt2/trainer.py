@@ -1,0 +1,321 @@
+"""The training loop: config -> data -> sharded train step -> logs and checkpoints.
+
+``train(cfg)`` runs one job on every device of every process (call
+``jax.distributed.initialize`` first on multi-host launches; ``scripts/train.py`` does). It
+derives gradient accumulation from ``train.tokens_per_update`` so each update sees the same number
+of tokens at every context length, logs every step, saves orbax checkpoints periodically and on
+SIGTERM/SIGINT or when ``train.max_hours`` is spent, and resumes exactly (``checkpoint.resume``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from linear_gpt2 import checkpoint as ckpt_lib
+from linear_gpt2 import data as data_lib
+from linear_gpt2.config import Config, ConfigError, save_config
+from linear_gpt2.flops import device_peak_flops, flops_per_token
+from linear_gpt2.logger import RunLogger, plot_loss, read_jsonl
+from linear_gpt2.model import count_params, init_params
+from linear_gpt2.optim import lr_at, optimizer
+from linear_gpt2.sharding import (
+    batch_sharding,
+    global_batch,
+    make_mesh,
+    replicated,
+    state_shardings,
+)
+from linear_gpt2.train_step import TrainState, init_state, make_eval_step, make_train_step
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """How ``tokens_per_update`` splits into sequences, devices and micro-steps."""
+
+    sequences: int  # sequences per update (all processes)
+    accum: int  # micro-steps per update
+    micro_batch: int  # sequences per device per micro-step
+    devices: int
+    processes: int
+
+    @property
+    def local_sequences(self) -> int:
+        return self.sequences // self.processes
+
+
+def plan_batches(cfg: Config, devices: int, processes: int) -> BatchPlan:
+    """Derive accumulation; refuse combinations that do not divide, saying what to change."""
+    t, ctx, mb = cfg.train.tokens_per_update, cfg.data.context, cfg.train.micro_batch
+    if t % ctx:
+        raise ConfigError(
+            f"train.tokens_per_update={t} is not a multiple of data.context={ctx}; use a multiple "
+            f"of the context, e.g. {max(ctx, t // ctx * ctx)}"
+        )
+    seqs = t // ctx
+    per_micro = mb * devices
+    if seqs % per_micro:
+        fits = [m for m in range(1, mb + 1) if seqs % (m * devices) == 0]
+        hint = (
+            f"train.micro_batch={fits[-1]}"
+            if fits
+            else f"train.tokens_per_update={per_micro * ctx}"
+        )
+        raise ConfigError(
+            f"{seqs} sequences per update (tokens_per_update={t} / context={ctx}) do not split into "
+            f"micro-batches of micro_batch={mb} x {devices} devices = {per_micro} sequences; "
+            f"try {hint}"
+        )
+    return BatchPlan(seqs, seqs // per_micro, mb, devices, processes)
+
+
+def _is_oom(err: Exception) -> bool:
+    text = str(err)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def _oom_message(cfg: Config, plan: BatchPlan, n_params: int) -> str:
+    return (
+        f"out of memory: model {n_params / 1e6:.1f}M parameters, context {cfg.data.context}, "
+        f"micro_batch {plan.micro_batch} per device, attention {cfg.attention.name}. Try a smaller "
+        "train.micro_batch (accumulation keeps tokens_per_update), model.remat=true, or "
+        "train.fsdp=true to shard parameters and optimizer state."
+    )
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; the loop saves a checkpoint at the end of the current step."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. some test runners): no handler
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signal = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclasses.dataclass
+class RunResult:
+    run_dir: Path
+    last_step: int
+    stopped_by: str  # "max_steps", "max_hours", "signal"
+    losses: dict[int, float]  # step -> training loss, for the steps this call ran
+    state: TrainState  # final parameters and optimizer state (global arrays)
+
+
+def train(cfg: Config) -> RunResult:
+    run_dir = Path(cfg.log.run_dir)
+    is_main = jax.process_index() == 0
+    mesh = make_mesh()
+    plan = plan_batches(cfg, mesh.devices.size, jax.process_count())
+    model_cfg = cfg.model_config
+    tx = optimizer(cfg.train)
+
+    if is_main:
+        save_config(cfg, run_dir / "config.yaml")
+
+    abstract_params = jax.eval_shape(lambda: init_params(model_cfg, cfg.seed))
+    n_params = count_params(abstract_params, non_embedding=False)
+    abstract_state = jax.eval_shape(lambda: init_state(init_params(model_cfg, cfg.seed), tx))
+    state_sh = state_shardings(abstract_state, mesh, cfg.train.fsdp)
+    state_sh = TrainState(state_sh.params, state_sh.opt_state, replicated(mesh))
+    rng = jax.random.key(cfg.seed)
+
+    checkpointer = ckpt_lib.Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
+    loader = data_lib.make_loader(
+        cfg.data, "train", plan.local_sequences, jax.process_index(), jax.process_count()
+    )
+    state, start_step = None, 0
+    resume = cfg.checkpoint.resume
+    source = checkpointer if resume in ("auto",) else None
+    if resume not in ("auto", "never"):
+        source = ckpt_lib.Checkpointer(resume, cfg.checkpoint)
+    if source is not None and source.latest_step() is not None:
+        start_step = int(source.latest_step())
+        abstract_ckpt = {
+            "train": ckpt_lib.abstract(abstract_state, state_sh),
+            "rng": np.asarray(jax.random.key_data(rng)),
+        }
+        restored, data_state = source.restore(start_step, abstract_ckpt, cfg)
+        state, rng = restored["train"], jax.random.wrap_key_data(restored["rng"])
+        loader.load_state_dict(data_state)
+    elif resume not in ("auto", "never"):
+        raise FileNotFoundError(f"checkpoint.resume={resume!r} holds no checkpoint")
+    if state is None:
+        state = jax.jit(
+            lambda: init_state(init_params(model_cfg, cfg.seed), tx), out_shardings=state_sh
+        )()
+
+    total = cfg.train.max_steps
+    log = RunLogger(cfg, run_dir, enabled=is_main, start_step=start_step, total_steps=total)
+    log.print(cfg.to_yaml())
+    log.print(
+        f"{n_params / 1e6:.2f}M parameters | {plan.devices} devices in {plan.processes} process(es) | "
+        f"{plan.sequences} x {cfg.data.context} tokens per update = {plan.accum} micro-steps of "
+        f"{plan.micro_batch} per device | starting at step {start_step} of {total}"
+    )
+
+    batch3 = batch_sharding(mesh, 3, batch_axis=1)
+    train_step = jax.jit(
+        make_train_step(model_cfg, tx, skip_nonfinite=cfg.train.on_nan == "skip"),
+        in_shardings=(state_sh, batch3, batch3, replicated(mesh)),
+        out_shardings=(state_sh, replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    eval_step = jax.jit(make_eval_step(model_cfg), in_shardings=(state_sh.params, batch3, batch3))
+
+    tokens_per_update = plan.sequences * cfg.data.context
+    flops_update = flops_per_token(model_cfg, n_params, cfg.data.context) * tokens_per_update
+    peak = device_peak_flops()
+    last_saved = start_step if start_step > 0 else None
+    losses: dict[int, float] = {}
+    t_start = time.monotonic()
+    stopped_by = "max_steps"
+    step = start_step
+
+    def to_global(batch: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
+        local_micro = plan.local_sequences // plan.accum
+        shape = (plan.accum, local_micro, cfg.data.context)
+        x = batch["inputs"].astype(np.int32).reshape(shape)
+        y = batch["targets"].astype(np.int32).reshape(shape)
+        return global_batch(x, mesh, 1), global_batch(y, mesh, 1)
+
+    def save(at: int, force: bool = False) -> None:
+        nonlocal last_saved
+        meta = {"config": cfg.to_dict(), "step": at, "processes": jax.process_count()}
+        checkpointer.save(
+            at,
+            {"train": state, "rng": np.asarray(jax.random.key_data(rng))},
+            meta,
+            loader.state_dict(),
+            force=force,
+        )
+        last_saved = at
+
+    try:
+        with _StopFlag() as stop:
+            while step < total:
+                inputs, targets = to_global(next(loader))
+                t0 = time.perf_counter()
+                try:
+                    state, metrics = train_step(state, inputs, targets, rng)
+                    metrics = jax.device_get(metrics)  # waits for the device: the time is real
+                except Exception as e:
+                    if _is_oom(e):
+                        raise MemoryError(_oom_message(cfg, plan, n_params)) from e
+                    raise
+                dt = time.perf_counter() - t0
+                step += 1
+                loss = float(metrics["loss"])
+                losses[step] = loss
+                record = {
+                    "step": step,
+                    "loss": loss,
+                    "lr": lr_at(step - 1, cfg.train),
+                    "grad_norm": float(metrics["grad_norm"]),
+                    "step_time_s": dt,
+                    "tokens_per_s": tokens_per_update / dt,
+                    "mfu": (flops_update / dt / (peak * plan.devices)) if peak else None,
+                    "hours": (time.monotonic() - t_start) / 3600,
+                    "memory_bytes": _memory_in_use(),
+                    "skipped": not bool(metrics["finite"]),
+                }
+                if not bool(metrics["finite"]) and cfg.train.on_nan == "stop":
+                    log.log(record)
+                    good = (
+                        f"the last good checkpoint is step {last_saved} in {checkpointer.directory}"
+                        if last_saved
+                        else "no checkpoint was saved yet"
+                    )
+                    raise NonFiniteLossError(
+                        f"non-finite loss ({loss}) or gradient norm at step {step}; stopped. {good}. "
+                        "Lower train.lr, raise train.warmup_steps, or set train.on_nan=skip."
+                    )
+                if cfg.log.eval_every > 0 and (step % cfg.log.eval_every == 0 or step == total):
+                    record["val_loss"] = _evaluate(eval_step, state.params, to_global, cfg, plan)
+                if step % cfg.log.every == 0 or step == total:
+                    line = (
+                        f"step {step:>6} | loss {loss:.4f} | lr {record['lr']:.2e} | "
+                        f"gnorm {record['grad_norm']:.3f} | {dt * 1000:.1f} ms | "
+                        f"{record['tokens_per_s']:,.0f} tok/s"
+                        + (f" | MFU {record['mfu'] * 100:.1f}%" if record["mfu"] else "")
+                        + (f" | val {record['val_loss']:.4f}" if "val_loss" in record else "")
+                        + (" | SKIPPED (non-finite)" if record["skipped"] else "")
+                    )
+                    log.log(record, line)
+                else:
+                    log.log(record)
+                if step % cfg.checkpoint.every == 0:
+                    save(step)
+                if stop.signal is not None:
+                    stopped_by = "signal"
+                    break
+                if cfg.train.max_hours is not None and record["hours"] >= cfg.train.max_hours:
+                    stopped_by = "max_hours"
+                    break
+            if last_saved != step:
+                save(step, force=True)
+            if stopped_by != "max_steps":
+                log.print(
+                    f"stopped by {stopped_by} at step {step}; checkpoint saved in {checkpointer.directory}"
+                )
+    finally:
+        checkpointer.close()
+        log.close()
+        loader.close()
+    if is_main:
+        records = read_jsonl(run_dir / "metrics.jsonl")
+        plot_loss(
+            records,
+            run_dir / "loss.png",
+            f"{cfg.log.name}: {cfg.attention.name}, context {cfg.data.context}",
+        )
+    return RunResult(run_dir, step, stopped_by, losses, state)
+
+
+def _evaluate(eval_step, params, to_global, cfg: Config, plan: BatchPlan) -> float | None:
+    """Mean loss over the first ``log.eval_batches`` batches of the held-out split (the same
+    batches at every evaluation, so the numbers compare across steps and runs)."""
+    loader = data_lib.make_loader(
+        cfg.data, "validation", plan.local_sequences, jax.process_index(), jax.process_count()
+    )
+    losses = []
+    try:
+        for _, batch in zip(range(cfg.log.eval_batches), loader):
+            x, y = to_global(batch)
+            losses.append(float(eval_step(params, x, y)))
+    finally:
+        loader.close()
+    return float(np.mean(losses)) if losses else None
+
+
+def _memory_in_use() -> int | None:
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:
+        return None
+    return int(stats["bytes_in_use"]) if stats and "bytes_in_use" in stats else None
