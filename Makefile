@@ -15,7 +15,7 @@ export WANDB_MODE ?= offline
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export XDG_CACHE_HOME ?= $(CURDIR)/.cache
 
-.PHONY: setup test test-fast lint format clean
+.PHONY: setup train test test-fast lint format clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	@touch $@
+
+# The default run: a small GPT-2 on the offline sample corpus, on CPU (configs/default.yaml).
+# Extra overrides: make train ARGS="train.max_steps=300 attention.name=LT_chunked"
+train: setup
+	$(PY) scripts/train.py configs/default.yaml $(ARGS)
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q

@@ -165,6 +165,12 @@ def train(cfg: Config) -> RunResult:
         loader.load_state_dict(data_state)
     elif resume not in ("auto", "never"):
         raise FileNotFoundError(f"checkpoint.resume={resume!r} holds no checkpoint")
+    elif resume == "never" and checkpointer.latest_step() is not None:
+        raise FileExistsError(
+            f"{checkpointer.directory} already holds checkpoints (latest step "
+            f"{checkpointer.latest_step()}) and checkpoint.resume=never; continue that run with "
+            "checkpoint.resume=auto, or start a new one with another log.name or log.run_dir"
+        )
     if state is None:
         state = jax.jit(
             lambda: init_state(init_params(model_cfg, cfg.seed), tx), out_shardings=state_sh

@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    except (NonFiniteLossError, MemoryError) as e:
+    except (NonFiniteLossError, MemoryError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(

@@ -1,6 +1,7 @@
 """Config loading: YAML + dotted overrides onto the typed schema; every bad input is a clear error."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,30 @@ def test_config_object_is_the_schema():
     # The six sections the issue asks for, and nothing silently extra.
     names = [f.name for f in dataclasses.fields(Config)]
     assert names == ["model", "attention", "data", "train", "log", "checkpoint", "seed"]
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIG_DIR)))
+def test_shipped_configs_load_and_plan(path):
+    from linear_gpt2.trainer import plan_batches
+
+    cfg = load_config(path)
+    devices = 8 if path.parent.name == "post" else 1
+    plan = plan_batches(cfg, devices=devices, processes=1)
+    assert plan.sequences * cfg.data.context == cfg.train.tokens_per_update
+
+
+def test_post_configs_cover_the_learning_study():
+    names = {p.stem for p in (CONFIG_DIR / "post").glob("*_*.yaml")}
+    expected = {
+        f"{size}_{attn}_{ctx}"
+        for size in ("124M", "355M", "774M")
+        for attn in ("flash", "LT_chunked")
+        for ctx in ("1k", "4k", "16k", "64k")
+    }
+    assert names == expected
+    cfg = load_config(CONFIG_DIR / "post" / "355M_LT_chunked_16k.yaml")
+    assert (cfg.model.n_layer, cfg.model.n_embd, cfg.data.context) == (24, 1024, 16384)
+    assert cfg.train.tokens_per_update == 2**19 and cfg.train.max_hours == 24
