@@ -155,8 +155,12 @@ class GPT(nn.Module):
 
 
 def init_params(config: ModelConfig, seed: int = 0) -> Params:
-    """Fresh float32 parameters (nanoGPT's init) as a plain nested dict."""
-    model = GPT(config)
+    """Fresh float32 parameters (nanoGPT's init) as a plain nested dict.
+
+    Parameters do not depend on the attention algorithm, so initialisation traces softmax on one
+    token: every variant gets the same parameters for the same seed, and variants with shape
+    constraints (LT_chunked's chunk size) need not accept a length-1 sequence."""
+    model = GPT(config.replace(attention="softmax"))
     tokens = jnp.zeros((1, 1), dtype=jnp.int32)
     variables = jax.jit(model.init)(jax.random.key(seed), tokens)
     return flax.core.unfreeze(variables["params"])
@@ -164,7 +168,7 @@ def init_params(config: ModelConfig, seed: int = 0) -> Params:
 
 def param_shapes(config: ModelConfig) -> Params:
     """Parameter shapes and dtypes without allocating them (``jax.ShapeDtypeStruct`` leaves)."""
-    model = GPT(config)
+    model = GPT(config.replace(attention="softmax"))
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     return jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
 

@@ -1,0 +1,151 @@
+"""Shared pieces of the linear-attention family: feature maps, normalisation, options, decoder.
+
+Every linear variant computes the same function of raw ``q, k, v`` ``[B, T, H, D]``: for each
+position i (causal),
+
+    y_i = (sum_{j<=i} (phi(q_i) . phi(k_j)) v_j) / (sum_{j<=i} phi(q_i) . phi(k_j) + eps)
+
+with phi one of :data:`FEATURE_MAPS` applied elementwise. There is no 1/sqrt(D) scaling (the post
+has none: the normaliser already removes the scale of the scores). ``eps`` (default 1e-6) is
+added to the denominator only, after the sum and before the division; it keeps ``relu``, whose
+features can all be zero, finite (then y_i = 0) and is negligible otherwise, since the
+denominator is a sum of at least one positive product.
+
+Mixed precision (the same rule in every variant):
+
+- phi is applied in float32 whatever the input dtype;
+- matmul operands (phi(q), phi(k), v, and the intra-block score matrices) are in the input
+  dtype, so bfloat16 inputs use bfloat16 matmuls, but every sum accumulates in float32
+  (``preferred_element_type=jnp.float32``): the states S ``[D, D]`` and z ``[D]``, the running
+  numerators and denominators, and the normaliser;
+- the division is done in float32 and the output is cast back to the input dtype.
+
+The variants differ only in the order of the sums (see ``docs/attention.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2.attention import Decoder
+
+F32 = jnp.float32
+
+
+def _elu1(x: jax.Array) -> jax.Array:
+    return jax.nn.elu(x) + 1.0
+
+
+# phi: R -> [0, inf), elementwise. Nonnegative features make every score phi(q).phi(k) >= 0, so
+# the denominator is a sum of nonnegative terms and the output a convex combination of values.
+FEATURE_MAPS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    # log(1 + e^x) > 0: the post's choice; smooth, ~x for large x, ~e^x for very negative x.
+    "softplus": jax.nn.softplus,
+    # elu(x) + 1 > 0 (Katharopoulos et al. 2020, "Transformers are RNNs"): e^x for x < 0,
+    # x + 1 for x >= 0.
+    "elu1": _elu1,
+    # max(x, 0) >= 0: can be exactly zero, then eps keeps the division finite (y_i = 0).
+    "relu": jax.nn.relu,
+    # e^x > 0: the unnormalised softmax kernel restricted to a product of per-feature
+    # exponentials; unbounded, overflows float32 for x > 88.
+    "exp": jnp.exp,
+}
+
+# Implementations selected by ``kernel=``. The fused kernels (pallas, triton) are a later issue;
+# ``auto`` resolves to ``xla`` until then.
+XLA_KERNELS = ("auto", "xla")
+
+
+def check_feature_map(name: str) -> Callable[[jax.Array], jax.Array]:
+    if name not in FEATURE_MAPS:
+        raise ValueError(
+            f"unknown feature_map {name!r}; valid feature maps: {', '.join(FEATURE_MAPS)}"
+        )
+    return FEATURE_MAPS[name]
+
+
+def check_kernel(kernel: str, variant: str, valid: tuple[str, ...] = XLA_KERNELS) -> str:
+    """The implementation to use for ``kernel`` (``auto`` -> ``xla``), or an error naming the
+    valid ones for ``variant``."""
+    if kernel not in valid:
+        raise NotImplementedError(
+            f"{variant}: kernel={kernel!r} is not implemented for this variant; valid kernels: "
+            f"{', '.join(valid)}"
+        )
+    return "xla" if kernel == "auto" else kernel
+
+
+def features(
+    q: jax.Array, k: jax.Array, feature_map: str | Callable[[jax.Array], jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    """phi(q), phi(k): computed in float32, returned in the input dtype (the matmul operand
+    dtype). Any shape; elementwise."""
+    phi = check_feature_map(feature_map) if isinstance(feature_map, str) else feature_map
+    return phi(q.astype(F32)).astype(q.dtype), phi(k.astype(F32)).astype(k.dtype)
+
+
+def normalise(num: jax.Array, den: jax.Array, eps: float, dtype: Any) -> jax.Array:
+    """``num / (den + eps)`` in float32, cast to ``dtype``. num ``[..., D]``, den ``[...]``."""
+    return (num.astype(F32) / (den.astype(F32) + eps)[..., None]).astype(dtype)
+
+
+def causal_mask(T: int) -> jax.Array:
+    """``[T, T]`` bool, True where key j <= query i."""
+    return jnp.tril(jnp.ones((T, T), dtype=bool))
+
+
+# --------------------------------------------------------------------------------------------
+# Recurrent decoder, shared by all linear variants (they compute the same function).
+
+
+def make_decoder(
+    feature_map: str = "softplus", chunk_size: int = 64, eps: float = 1e-6, **_: Any
+) -> Decoder:
+    """The linear transformer as an RNN (the post's section 4): a state of constant size.
+
+    - ``init(batch, n_head, head_dim, max_len, dtype)`` -> ``(S [B, H, D, D], z [B, H, D])``,
+      zeros in float32 whatever ``dtype`` (the activation dtype): S = sum_j phi(k_j) v_j^T and
+      z = sum_j phi(k_j) are sums over the whole context, so they accumulate in float32.
+      ``max_len`` is accepted for the protocol and unused: the state does not grow.
+    - ``step(state, q, k, v)``, q, k, v ``[B, H, D]``: the recurrence S += phi(k) v^T,
+      z += phi(k), y = phi(q) S / (phi(q) . z + eps); O(D^2) per token.
+    - ``prefill(state, q, k, v)``, q, k, v ``[B, T, H, D]``: the chunked form (``LT_chunked``)
+      started from ``state``, with chunks of ``chunk_size``; T need not be a multiple of it.
+    """
+    phi = check_feature_map(feature_map)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+    def init(batch: int, n_head: int, head_dim: int, max_len: int | None = None, dtype=None):
+        del max_len, dtype
+        S = jnp.zeros((batch, n_head, head_dim, head_dim), F32)
+        z = jnp.zeros((batch, n_head, head_dim), F32)
+        return S, z
+
+    def step(state, q, k, v):
+        from linear_gpt2.attention.lt_state import state_step
+
+        fq, fk = features(q, k, phi)
+        (num, den), state = state_step(state, fq, fk, v)
+        return normalise(num, den, eps, q.dtype), state
+
+    def prefill(state, q, k, v):
+        from linear_gpt2.attention.lt_chunked import chunked_linear_attention
+
+        T = q.shape[1]
+        c = min(chunk_size, T)
+        fq, fk = features(q, k, phi)
+        # Pad to a multiple of c in feature space: a padded key has phi(k) = 0 and v = 0, so it
+        # adds nothing to the state or to any real query's sums; padded queries are dropped.
+        pad = (-T) % c
+        if pad:
+            widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+            fq, fk, v = (jnp.pad(x, widths) for x in (fq, fk, v))
+        (num, den), state = chunked_linear_attention(fq, fk, v, c, state=state)
+        return normalise(num[:, :T], den[:, :T], eps, q.dtype), state
+
+    return Decoder(init=init, step=step, prefill=prefill)

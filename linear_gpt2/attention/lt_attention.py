@@ -1,0 +1,57 @@
+"""``LT_attention``: the post's attention formulation, one query position at a time (section 1).
+
+    for i in range(T):
+        a_j = phi(q_i) . phi(k_j)              for all j, zeroed where j > i
+        y_i = sum_j a_j v_j / (sum_j a_j + eps)
+
+O(T^2 D) FLOPs in T sequential steps (``lax.scan`` over i); each step reads all T keys and masks
+the future ones rather than slicing, since the slice length would vary with i. Forward memory is
+O(T) per head per step; reverse-mode autodiff stores each step's scores, O(T^2) in all. This is
+the slow baseline of the post's plots, not something to train with.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linear_gpt2.attention import linear
+
+OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
+
+F32 = jnp.float32
+
+
+def lt_attention(fq: jax.Array, fk: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32), a loop over query
+    positions. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
+    T = fq.shape[1]
+    positions = jnp.arange(T)
+
+    def one_query(_, x):
+        i, fq_i = x  # fq_i: [B, H, D]
+        a = jnp.einsum("bhd,bjhd->bhj", fq_i, fk, preferred_element_type=F32)
+        a = jnp.where(positions <= i, a, 0.0)  # causal: keys j <= i only
+        num_i = jnp.einsum("bhj,bjhd->bhd", a.astype(v.dtype), v, preferred_element_type=F32)
+        den_i = a.sum(-1)
+        return None, (num_i, den_i)
+
+    _, (num, den) = lax.scan(one_query, None, (positions, jnp.swapaxes(fq, 0, 1)))
+    return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
+
+
+def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
+    phi = linear.check_feature_map(feature_map)
+    linear.check_kernel(kernel, "LT_attention")
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        """Causal linear attention, loop over positions. q, k, v ``[B, T, H, D]`` -> same."""
+        fq, fk = linear.features(q, k, phi)
+        num, den = lt_attention(fq, fk, v)
+        return linear.normalise(num, den, eps, q.dtype)
+
+    return fn
+
+
+make_decoder = linear.make_decoder

@@ -1,0 +1,189 @@
+"""``LT_attention_parallel``: the attention formulation without the T x T matrix (flash-style).
+
+The post uses a Triton flash kernel here; this module is the same blocked algorithm in pure JAX,
+and the place where fused kernels plug in (``kernel=``; the Pallas/Triton ones are a later issue).
+With block size c (the ``chunk_size`` option) and T/c query blocks Q_n and key blocks K_m:
+
+    for every query block n (in parallel):              # a kernel's grid axis; here a batch axis
+        num_n, den_n = 0, 0
+        for m = 0, 1, ...:                              # sequential, running sums
+            A = (phi(Q_n) phi(K_m)^T) * causal mask     # [c, c] scores, never [T, T]
+            num_n += A V_m;  den_n += A 1
+        Y_n = num_n / (den_n + eps)
+
+Unlike softmax flash attention there is no running maximum to rescale by: the scores are sums of
+nonnegative products, so the running sums just add. All query blocks advance together, so step m
+also computes the (masked, all-zero) blocks n < m: T^2 D FLOPs like the materialised
+``LT_attention_parallel_no_flash``, rather than the causal T^2 D / 2 a kernel that skips them
+does. Extra memory is O(T c) per head (one [c, c] block per query block) instead of O(T^2).
+
+The backward pass is written by hand (``jax.custom_vjp``) in the same blocked form, keeping only
+O(T D) residuals (phi(q), phi(k), v, y, the denominators); autodiff of the forward loop would
+instead store every step's scores, O(T^2) again. With r_i = 1 / (den_i + eps) and dY the
+output cotangent:
+
+    dnum_i = r_i dY_i,   dA_ij = dnum_i . v_j - dnum_i . y_i     (j <= i)
+    dV_j = sum_i A_ij dnum_i,   dphi(Q)_i = sum_j dA_ij phi(K)_j,   dphi(K)_j = sum_i dA_ij phi(Q)_i
+
+computed per key block m: dphi(Q) accumulates over m, dV_m and dphi(K)_m are sums over the
+query blocks. The gradient through phi itself is left to autodiff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linear_gpt2.attention import linear
+
+OPTIONS: tuple[str, ...] = ("feature_map", "chunk_size", "kernel", "eps")
+
+F32 = jnp.float32
+
+
+def _blocks(x: jax.Array, c: int) -> jax.Array:
+    """``[B, T, ...]`` -> ``[B, T/c, c, ...]``."""
+    return x.reshape(x.shape[0], x.shape[1] // c, c, *x.shape[2:])
+
+
+def _key_blocks(x: jax.Array, c: int) -> jax.Array:
+    """``[B, T, H, D]`` -> ``[T/c, B, c, H, D]``: key blocks on the leading axis, for scan."""
+    return jnp.swapaxes(_blocks(x, c), 0, 1)
+
+
+def _block_mask(N: int, m: jax.Array, c: int) -> jax.Array:
+    """``[1, N, 1, c, c]`` bool: query position n c + i sees key position m c + j iff
+    m c + j <= n c + i, i.e. all of block n > m, the lower triangle of n = m, nothing of n < m."""
+    q_pos = jnp.arange(N * c).reshape(N, c)
+    k_pos = m * c + jnp.arange(c)
+    return (q_pos[:, :, None] >= k_pos[None, None, :])[None, :, None]
+
+
+def _block_scores(Q: jax.Array, k_m: jax.Array, mask: jax.Array) -> jax.Array:
+    """Masked scores ``[B, N, H, c, c]`` float32 of all query blocks Q ``[B, N, c, H, D]``
+    against one key block k_m ``[B, c, H, D]``."""
+    A = jnp.einsum("bnihd,bjhd->bnhij", Q, k_m, preferred_element_type=F32)
+    return jnp.where(mask, A, 0.0)
+
+
+def _forward(fq, fk, v, c: int, eps: float):
+    """y ``[B, T, H, D]`` float32 and den ``[B, T, H]`` float32; T a multiple of c."""
+    B, T, H, D = fq.shape
+    N = T // c
+    Q = _blocks(fq, c)
+
+    def key_block(carry, x):
+        num, den = carry
+        k_m, v_m, m = x
+        A = _block_scores(Q, k_m, _block_mask(N, m, c))
+        num = num + jnp.einsum(
+            "bnhij,bjhd->bnihd", A.astype(v.dtype), v_m, preferred_element_type=F32
+        )
+        den = den + A.sum(-1)
+        return (num, den), None
+
+    init = (jnp.zeros((B, N, c, H, D), F32), jnp.zeros((B, N, H, c), F32))
+    xs = (_key_blocks(fk, c), _key_blocks(v, c), jnp.arange(N))
+    (num, den), _ = lax.scan(key_block, init, xs)
+    den = jnp.swapaxes(den, 2, 3).reshape(B, T, H)
+    y = num.reshape(B, T, H, D) * _reciprocal(den, eps)[..., None]
+    return y, den
+
+
+def _reciprocal(den: jax.Array, eps: float) -> jax.Array:
+    # 1 / (den + eps), and 0 where that is 1/0: only padded queries (no keys, so num = 0 too) with
+    # eps = 0, which would otherwise put NaN into the gradients of the real positions.
+    safe = den + eps > 0
+    return jnp.where(safe, 1.0 / jnp.where(safe, den + eps, 1.0), 0.0)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def blocked_linear_attention(fq, fk, v, c: int, eps: float):
+    """Normalised causal linear attention from features, by blocks of c without the T x T matrix.
+
+    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` with T a multiple of c -> y ``[B, T, H, D]`` in
+    v's dtype. (The interface a fused kernel implements.)"""
+    y, _ = _forward(fq, fk, v, c, eps)
+    return y.astype(v.dtype)
+
+
+def _fwd(fq, fk, v, c, eps):
+    y, den = _forward(fq, fk, v, c, eps)
+    return y.astype(v.dtype), (fq, fk, v, y, den)
+
+
+def _bwd(c, eps, residuals, dy):
+    fq, fk, v, y, den = residuals
+    B, T, H, D = fq.shape
+    dnum = dy.astype(F32) * _reciprocal(den, eps)[..., None]  # [B, T, H, D]
+    delta = jnp.einsum("bthd,bthd->bth", dnum, y)  # dnum_i . y_i, as flash's rowsum(dO * O)
+    Q, dNum = _blocks(fq, c), _blocks(dnum, c)
+    Delta = jnp.swapaxes(_blocks(delta, c), 2, 3)  # [B, N, H, c]
+
+    N = T // c
+
+    def key_block(dQ, x):
+        k_m, v_m, m = x
+        mask = _block_mask(N, m, c)
+        A = _block_scores(Q, k_m, mask)
+        dA = jnp.einsum("bnihd,bjhd->bnhij", dNum, v_m, preferred_element_type=F32)
+        dA = jnp.where(mask, dA - Delta[..., None], 0.0)
+        dQ = dQ + jnp.einsum("bnhij,bjhd->bnihd", dA, k_m, preferred_element_type=F32)
+        dv_m = jnp.einsum("bnhij,bnihd->bjhd", A, dNum, preferred_element_type=F32)
+        dk_m = jnp.einsum("bnhij,bnihd->bjhd", dA, Q, preferred_element_type=F32)
+        return dQ, (dk_m, dv_m)
+
+    xs = (_key_blocks(fk, c), _key_blocks(v, c), jnp.arange(N))
+    dQ, (dK, dV) = lax.scan(key_block, jnp.zeros(Q.shape, F32), xs)
+
+    def unblock(x):  # [N, B, c, H, D] -> [B, T, H, D]
+        return jnp.swapaxes(x, 0, 1).reshape(B, T, H, D)
+
+    return (
+        dQ.reshape(B, T, H, D).astype(fq.dtype),
+        unblock(dK).astype(fk.dtype),
+        unblock(dV).astype(v.dtype),
+    )
+
+
+blocked_linear_attention.defvjp(_fwd, _bwd)
+
+
+# kernel name -> implementation of ``blocked_linear_attention``'s interface. Pallas and Triton
+# kernels register here (and ``auto`` then prefers them on GPU).
+IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {"xla": blocked_linear_attention}
+
+
+def make(
+    feature_map: str = "softplus", chunk_size: int = 64, kernel: str = "auto", eps: float = 1e-6
+):
+    phi = linear.check_feature_map(feature_map)
+    impl = IMPLEMENTATIONS[
+        linear.check_kernel(kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS))
+    ]
+    if chunk_size < 1:
+        raise ValueError(f"LT_attention_parallel: chunk_size must be >= 1, got {chunk_size}")
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        """Causal linear attention, blocked. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``; any T
+        (padded to a multiple of the block size)."""
+        T = q.shape[1]
+        c = min(chunk_size, T)
+        fq, fk = linear.features(q, k, phi)
+        # Pad in feature space: phi(k) = 0 and v = 0 on padded keys, so they add nothing to any
+        # real query's sums; the padded queries (den = 0, y = 0) are dropped.
+        pad = (-T) % c
+        if pad:
+            widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+            fq, fk, v = (jnp.pad(x, widths) for x in (fq, fk, v))
+        y = impl(fq, fk, v.astype(q.dtype), c, float(eps))
+        return y[:, :T]
+
+    return fn
+
+
+make_decoder = linear.make_decoder

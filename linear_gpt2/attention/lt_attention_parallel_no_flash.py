@@ -1,0 +1,48 @@
+"""``LT_attention_parallel_no_flash``: the attention formulation as matmuls (the post's section 2).
+
+    A = (phi(Q) phi(K)^T) * M          M: causal mask, A is [T, T] per head
+    Y = (A V) / (A 1 + eps)
+
+O(T^2 D) FLOPs and O(T^2) memory per head (A is materialised, and kept for the backward pass).
+The same structure as ``softmax`` without the exponential and with the row sum as normaliser.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2.attention import linear
+
+OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
+
+F32 = jnp.float32
+
+
+def lt_attention_parallel_no_flash(
+    fq: jax.Array, fk: jax.Array, v: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) with the ``[B, H, T, T]``
+    score matrix materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
+    T = fq.shape[1]
+    A = jnp.einsum("bihd,bjhd->bhij", fq, fk, preferred_element_type=F32)
+    A = jnp.where(linear.causal_mask(T), A, 0.0)
+    num = jnp.einsum("bhij,bjhd->bihd", A.astype(v.dtype), v, preferred_element_type=F32)
+    den = jnp.swapaxes(A.sum(-1), 1, 2)  # [B, H, T] -> [B, T, H]
+    return num, den
+
+
+def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
+    phi = linear.check_feature_map(feature_map)
+    linear.check_kernel(kernel, "LT_attention_parallel_no_flash")
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        """Causal linear attention, T x T scores. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``."""
+        fq, fk = linear.features(q, k, phi)
+        num, den = lt_attention_parallel_no_flash(fq, fk, v)
+        return linear.normalise(num, den, eps, q.dtype)
+
+    return fn
+
+
+make_decoder = linear.make_decoder

@@ -1,0 +1,91 @@
+"""``LT_chunked``: states at chunk boundaries, attention inside chunks (the post's section 3).
+
+Split the T positions into T/c chunks of c. With S_n the state after n chunks (S_0 = 0),
+
+    P_n = sum_{j in chunk n} phi(k_j) v_j^T          S_n = P_0 + ... + P_{n-1}  (exclusive cumsum)
+    p_n = sum_{j in chunk n} phi(k_j)                z_n = p_0 + ... + p_{n-1}
+    y_i = (phi(q_i)^T S_n + sum_{j in chunk n, j <= i} (phi(q_i) . phi(k_j)) v_j)
+          / (phi(q_i) . z_n + sum_{j in chunk n, j <= i} phi(q_i) . phi(k_j) + eps)
+
+for i in chunk n: the state carries everything before the chunk, causal attention covers the
+chunk itself. O(T D^2 + T c D) FLOPs; memory O(T/c D^2 + T c) per head (T/c states, and c x c
+scores per chunk). c = 1 is the state recurrence, c = T plain attention; in between it is linear
+in T with matmul-shaped work. c must divide T.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2.attention import linear
+
+OPTIONS: tuple[str, ...] = ("feature_map", "chunk_size", "kernel", "eps")
+
+F32 = jnp.float32
+
+
+def chunked_linear_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, state=None):
+    """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) by chunks of ``c``,
+    continuing from ``state`` = ``(S [B, H, D, D], z [B, H, D])`` float32 (zeros if None).
+
+    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` with T a multiple of c. Returns
+    ``((num, den), state)`` with the state after all T positions (what the decoder's prefill
+    continues from).
+    """
+    B, T, H, D = fq.shape
+    N = T // c
+    if state is None:
+        state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
+    S0, z0 = state
+    fq, fk, v = (x.reshape(B, N, c, H, D) for x in (fq, fk, v))
+
+    # State increments of each chunk, then the state before each chunk (exclusive prefix sum).
+    P = jnp.einsum("bnchd,bnche->bnhde", fk, v, preferred_element_type=F32)
+    p = fk.astype(F32).sum(axis=2)  # [B, N, H, D]
+    S_incl = S0[:, None] + jnp.cumsum(P, axis=1)
+    z_incl = z0[:, None] + jnp.cumsum(p, axis=1)
+    S = jnp.concatenate([S0[:, None], S_incl[:, :-1]], axis=1)  # [B, N, H, D, D]
+    z = jnp.concatenate([z0[:, None], z_incl[:, :-1]], axis=1)  # [B, N, H, D]
+
+    # Contribution of everything before the chunk, through its initial state.
+    num = jnp.einsum("bnihd,bnhde->bnihe", fq, S, preferred_element_type=F32)
+    den = jnp.einsum("bnihd,bnhd->bnih", fq, z, preferred_element_type=F32)
+
+    # Contribution of the chunk itself: causal attention on c x c scores.
+    A = jnp.einsum("bnihd,bnjhd->bnhij", fq, fk, preferred_element_type=F32)
+    A = jnp.where(linear.causal_mask(c), A, 0.0)
+    num = num + jnp.einsum("bnhij,bnjhd->bnihd", A.astype(v.dtype), v, preferred_element_type=F32)
+    den = den + jnp.swapaxes(A.sum(-1), 2, 3)  # [B, N, H, c] -> [B, N, c, H]
+
+    new_state = (S_incl[:, -1], z_incl[:, -1])
+    return (num.reshape(B, T, H, D), den.reshape(B, T, H)), new_state
+
+
+def check_chunk_size(T: int, c: int) -> None:
+    if c < 1 or T % c != 0:
+        divisor = max(d for d in range(1, max(1, min(T, c)) + 1) if T % d == 0)
+        raise ValueError(
+            f"LT_chunked: chunk_size={c} does not divide the sequence length T={T}; choose a "
+            f"divisor of {T}, e.g. chunk_size={divisor}"
+        )
+
+
+def make(
+    feature_map: str = "softplus", chunk_size: int = 64, kernel: str = "auto", eps: float = 1e-6
+):
+    phi = linear.check_feature_map(feature_map)
+    linear.check_kernel(kernel, "LT_chunked")
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        """Causal linear attention by chunks. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``;
+        ``chunk_size`` must divide T."""
+        check_chunk_size(q.shape[1], chunk_size)
+        fq, fk = linear.features(q, k, phi)
+        (num, den), _ = chunked_linear_attention(fq, fk, v, chunk_size)
+        return linear.normalise(num, den, eps, q.dtype)
+
+    return fn
+
+
+make_decoder = linear.make_decoder

@@ -1,0 +1,67 @@
+"""``LT_state``: the linear transformer as an RNN, one token at a time (the post's section 1).
+
+    S_i = S_{i-1} + phi(k_i) v_i^T     z_i = z_{i-1} + phi(k_i)     (S_0 = 0, z_0 = 0)
+    y_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)
+
+O(T D^2) FLOPs in T sequential steps (``lax.scan``); the forward keeps one state ``[D, D]`` per
+head. Reverse-mode autodiff of the scan stores the carry of every step, so forward+backward
+holds T states: O(T D^2) memory, like ``LT_state_parallel``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linear_gpt2.attention import linear
+
+OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
+
+F32 = jnp.float32
+
+
+def state_step(state, fq: jax.Array, fk: jax.Array, v: jax.Array):
+    """One token of the recurrence. state ``(S [B, H, D, D], z [B, H, D])`` float32; fq = phi(q),
+    fk = phi(k), v ``[B, H, D]``. Returns ``((num [B, H, D], den [B, H]), state)`` in float32.
+
+    The state is updated before it is read: position i attends to itself.
+    """
+    S, z = state
+    S = S + jnp.einsum("bhd,bhe->bhde", fk, v, preferred_element_type=F32)
+    z = z + fk.astype(F32)
+    num = jnp.einsum("bhd,bhde->bhe", fq, S, preferred_element_type=F32)
+    den = jnp.einsum("bhd,bhd->bh", fq, z, preferred_element_type=F32)
+    return (num, den), (S, z)
+
+
+def lt_state(fq: jax.Array, fk: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) by the recurrence.
+    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
+    B, _, H, D = fq.shape
+    state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
+
+    def body(state, x):
+        out, state = state_step(state, *x)
+        return state, out
+
+    # scan runs over the leading axis: time-major [T, B, H, D].
+    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (fq, fk, v))
+    _, (num, den) = lax.scan(body, state, xs)
+    return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
+
+
+def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
+    phi = linear.check_feature_map(feature_map)
+    linear.check_kernel(kernel, "LT_state")
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        """Causal linear attention by the recurrence. q, k, v ``[B, T, H, D]`` -> same."""
+        fq, fk = linear.features(q, k, phi)
+        num, den = lt_state(fq, fk, v)
+        return linear.normalise(num, den, eps, q.dtype)
+
+    return fn
+
+
+make_decoder = linear.make_decoder

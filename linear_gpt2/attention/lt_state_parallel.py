@@ -1,0 +1,74 @@
+"""``LT_state_parallel``: every state at once, by a parallel prefix sum (the post's section 2).
+
+    P_i = phi(k_i) v_i^T                   all T outer products, [T, D, D] per head
+    S = prefix_sum(P)     z = prefix_sum(phi(k))
+    y_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)
+
+O(T D^2) FLOPs, parallel over T (depth O(log T) for the prefix sum). ``scan`` picks the prefix
+sum: ``cumsum`` (``jnp.cumsum``, which XLA lowers as it sees fit) or ``associative``
+(``lax.associative_scan`` with ``+``, the explicit up/down-sweep).
+
+Memory: P and S are T D^2 float32 values per head each, materialised in the forward pass.
+Reverse-mode autodiff keeps S for the backward pass: it is a residual of ``y = phi(q) S`` (the
+gradient w.r.t. phi(q) is S dY; ``jax.ad_checkpoint.print_saved_residuals`` lists it); the backward
+builds dS = phi(q) dY^T and its reverse prefix sum, T D^2 each. XLA reuses P's buffer, so the
+compiled peak is about 2 T D^2 floats per head both for the forward and for forward+backward:
+406 and 408 MiB of temp memory at B=1, H=12, D=64, T=1024 (T D^2 floats for all heads are
+192 MiB), measured on CPU with ``memory_analysis()`` (``benchmarks/attention_memory.py``,
+``docs/attention.md``). At long context this is what runs out of memory first.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linear_gpt2.attention import linear
+
+OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "scan", "eps")
+SCANS = ("cumsum", "associative")
+
+F32 = jnp.float32
+
+
+def prefix_sum(x: jax.Array, axis: int, scan: str) -> jax.Array:
+    """Inclusive prefix sum of ``x`` along ``axis``."""
+    if scan == "cumsum":
+        return jnp.cumsum(x, axis=axis)
+    return lax.associative_scan(jnp.add, x, axis=axis)
+
+
+def lt_state_parallel(
+    fq: jax.Array, fk: jax.Array, v: jax.Array, scan: str = "cumsum"
+) -> tuple[jax.Array, jax.Array]:
+    """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) with all T states
+    ``[B, T, H, D, D]`` materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
+    P = jnp.einsum("bthd,bthe->bthde", fk, v, preferred_element_type=F32)
+    S = prefix_sum(P, axis=1, scan=scan)
+    z = prefix_sum(fk.astype(F32), axis=1, scan=scan)
+    num = jnp.einsum("bthd,bthde->bthe", fq, S, preferred_element_type=F32)
+    den = jnp.einsum("bthd,bthd->bth", fq, z, preferred_element_type=F32)
+    return num, den
+
+
+def make(
+    feature_map: str = "softplus", kernel: str = "auto", scan: str = "cumsum", eps: float = 1e-6
+):
+    phi = linear.check_feature_map(feature_map)
+    linear.check_kernel(kernel, "LT_state_parallel")
+    if scan not in SCANS:
+        raise ValueError(
+            f"LT_state_parallel: unknown scan {scan!r}; valid scans: {', '.join(SCANS)}"
+        )
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        """Causal linear attention, all states by a prefix sum. q, k, v ``[B, T, H, D]`` -> same."""
+        fq, fk = linear.features(q, k, phi)
+        num, den = lt_state_parallel(fq, fk, v, scan)
+        return linear.normalise(num, den, eps, q.dtype)
+
+    return fn
+
+
+make_decoder = linear.make_decoder
