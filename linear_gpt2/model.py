@@ -64,20 +64,35 @@ class CausalSelfAttention(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x: ``[B, T, C]`` -> ``[B, T, C]``."""
+    def __call__(self, x: jax.Array, cache: Any = None) -> tuple[jax.Array, Any]:
+        """x: ``[B, T, C]`` -> ``([B, T, C], cache)``.
+
+        With ``cache`` (this layer's decoder state, see ``attention.Decoder``) the T tokens are
+        new positions after those already in the cache: a prefill, or one step when T == 1."""
         cfg = self.config
         B, T, C = x.shape
         H, D = cfg.n_head, cfg.head_dim
         qkv = _dense(cfg, 3 * C, "c_attn")(x)
         q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
-        fn = attention.get(cfg.attention, **cfg.attention_options())
-        kwargs = {}
-        if cfg.dropout > 0 and not self.deterministic and attention.supports_dropout(cfg.attention):
-            kwargs = dict(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
-        y = fn(q, k, v, **kwargs).reshape(B, T, C)
-        y = _dense(cfg, C, "c_proj", stddev=0.02 / math.sqrt(2 * cfg.n_layer))(y)
-        return nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic)
+        if cache is None:
+            fn = attention.get(cfg.attention, **cfg.attention_options())
+            kwargs = {}
+            if (
+                cfg.dropout > 0
+                and not self.deterministic
+                and attention.supports_dropout(cfg.attention)
+            ):
+                kwargs = dict(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
+            y = fn(q, k, v, **kwargs)
+        else:
+            dec = attention.decoder(cfg.attention, **cfg.attention_options())
+            if T == 1:
+                y, cache = dec.step(cache, q[:, 0], k[:, 0], v[:, 0])
+                y = y[:, None]
+            else:
+                y, cache = dec.prefill(cache, q, k, v)
+        y = _dense(cfg, C, "c_proj", stddev=0.02 / math.sqrt(2 * cfg.n_layer))(y.reshape(B, T, C))
+        return nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic), cache
 
 
 class MLP(nn.Module):
@@ -98,14 +113,16 @@ class Block(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
-        """x: ``[B, T, C]`` float32 residual stream. Returns ``(x, None)`` for ``nn.scan``."""
+    def __call__(self, x: jax.Array, cache: Any = None) -> tuple[jax.Array, Any]:
+        """x: ``[B, T, C]`` float32 residual stream; ``cache`` this layer's decoder state or None.
+        Returns ``(x, cache)``: the carry and the per-layer output of ``nn.scan``."""
         cfg = self.config
-        x = x + CausalSelfAttention(cfg, self.deterministic, name="attn")(
-            _layer_norm(cfg, "ln_1")(x)
+        h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(
+            _layer_norm(cfg, "ln_1")(x), cache
         )
+        x = x + h
         x = x + MLP(cfg, self.deterministic, name="mlp")(_layer_norm(cfg, "ln_2")(x))
-        return x, None
+        return x, cache
 
 
 class GPT(nn.Module):
@@ -113,11 +130,14 @@ class GPT(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        """tokens: int ``[B, T]`` -> logits float32 ``[B, T, vocab_size]``."""
+    def __call__(self, tokens: jax.Array, cache: dict[str, Any] | None = None):
+        """tokens: int ``[B, T]`` -> logits float32 ``[B, T, vocab_size]``.
+
+        With ``cache`` (from ``decode_init``) the tokens continue the cached sequence and the
+        call returns ``(logits, cache)``."""
         cfg = self.config
         T = tokens.shape[1]
-        if T > cfg.block_size:
+        if cache is None and T > cfg.block_size:
             raise ValueError(
                 f"cannot forward a sequence of length {T}: block_size is only {cfg.block_size}; "
                 f"use a shorter context or a model with block_size >= {T}"
@@ -128,7 +148,8 @@ class GPT(nn.Module):
         wpe = nn.Embed(
             cfg.block_size, cfg.n_embd, embedding_init=_init, param_dtype=jnp.float32, name="wpe"
         )
-        x = wte(tokens) + wpe(jnp.arange(T))[None]
+        start = 0 if cache is None else cache["pos"]
+        x = wte(tokens) + wpe(start + jnp.arange(T))[None]
         x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
         block = Block
@@ -141,7 +162,7 @@ class GPT(nn.Module):
             length=cfg.n_layer,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )(cfg, self.deterministic, name="h")
-        x, _ = blocks(x, None)
+        x, layer_caches = blocks(x, None if cache is None else cache["layers"])
 
         x = _layer_norm(cfg, "ln_f")(x)
         # Tied head: logits = x @ wte^T, in the compute dtype, then float32 for the loss.
@@ -151,7 +172,10 @@ class GPT(nn.Module):
             wte.embedding.astype(cfg.dtype),
             preferred_element_type=jnp.float32,
         )
-        return logits.astype(jnp.float32)
+        logits = logits.astype(jnp.float32)
+        if cache is None:
+            return logits
+        return logits, {"pos": cache["pos"] + T, "layers": layer_caches}
 
 
 def init_params(config: ModelConfig, seed: int = 0) -> Params:
@@ -190,6 +214,44 @@ def forward(
     return GPT(config, deterministic).apply(
         {"params": params}, jnp.asarray(tokens, jnp.int32), rngs=rngs
     )
+
+
+def decode_init(config: ModelConfig, batch: int, max_len: int | None = None) -> dict[str, Any]:
+    """An empty decoding cache for ``batch`` sequences of up to ``max_len`` tokens (default
+    ``block_size``): ``{"pos": int32 [], "layers": decoder states stacked on [n_layer]}``.
+
+    The KV cache of softmax attention grows with ``max_len``; the linear family's recurrent
+    state ``(S [B, H, D, D], z [B, H, D])`` does not."""
+    max_len = config.block_size if max_len is None else max_len
+    if max_len > config.block_size:
+        raise ValueError(
+            f"max_len={max_len} exceeds block_size={config.block_size}: positions beyond it have "
+            "no position embedding"
+        )
+    dec = attention.decoder(config.attention, **config.attention_options())
+    one = dec.init(batch, config.n_head, config.head_dim, max_len, jnp.dtype(config.dtype))
+    layers = jax.tree.map(lambda a: jnp.broadcast_to(a, (config.n_layer, *a.shape)), one)
+    return {"pos": jnp.zeros((), jnp.int32), "layers": layers}
+
+
+def decode(
+    params: Params, tokens: jax.Array, cache: dict[str, Any], config: ModelConfig
+) -> tuple[jax.Array, dict[str, Any]]:
+    """Logits float32 ``[B, T_new, vocab_size]`` for int tokens ``[B, T_new]`` that continue the
+    sequence in ``cache``, and the updated cache. ``T_new > 1`` is a prefill; ``T_new == 1`` one
+    step (O(D^2) per layer for the linear family, O(max_len D) for a KV cache). The caller keeps
+    ``pos + T_new <= max_len`` (checked here when ``pos`` is concrete)."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    try:
+        pos = int(cache["pos"])
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        pos = None  # traced under jit: the decoders guard the cache bounds
+    if pos is not None and pos + tokens.shape[1] > config.block_size:
+        raise ValueError(
+            f"cannot decode past block_size={config.block_size}: cache holds {pos} tokens and "
+            f"{tokens.shape[1]} more were given"
+        )
+    return GPT(config).apply({"params": params}, tokens, cache)
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, ignore_index: int = -1) -> jax.Array:

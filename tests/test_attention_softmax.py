@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import checkify
 
 from linear_gpt2 import attention
 from linear_gpt2.attention import flash, softmax
@@ -268,8 +267,7 @@ def test_decoder_bfloat16_cache():
 
 def test_decoder_overflow():
     """Writing past max_len: an error where the position is known (eager, or a block longer than
-    the cache), a checkify error under ``checkify``, and NaN (never a silently clamped write)
-    inside plain ``jit``."""
+    the cache), and NaN (never a silently clamped write) inside ``jit``."""
     dec = softmax.make_decoder()
     q, k, v, _ = _qkv(seed=9, shape=(1, 3, 1, 8))
     s = dec.init(1, 1, 8, 4)
@@ -283,12 +281,8 @@ def test_decoder_overflow():
     assert bool(jnp.isnan(y).all()) and int(s_over[2]) == 6
     y_next, _ = jax.jit(dec.step)(s_over, q[:, 0], k[:, 0], v[:, 0])
     assert bool(jnp.isnan(y_next).all())
-
-    err, _ = checkify.checkify(jax.jit(dec.prefill))(s, q, k, v)
-    with pytest.raises(checkify.JaxRuntimeError, match="KV cache overflow: 3 cached"):
-        err.throw()
-    err, _ = checkify.checkify(jax.jit(dec.step))(s, q[:, 0], k[:, 0], v[:, 0])  # 3 + 1 fits
-    err.throw()
+    y_fits, _ = jax.jit(dec.step)(s, q[:, 0], k[:, 0], v[:, 0])  # 3 + 1 fits
+    assert bool(jnp.isfinite(y_fits).all())
 
 
 # --------------------------------------------------------------------------------------------

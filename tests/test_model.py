@@ -143,3 +143,35 @@ def test_untrained_loss_is_near_log_vocab(tiny):
     tokens = jax.random.randint(jax.random.key(3), (4, 32), 0, cfg.vocab_size)
     loss = float(loss_fn(p, tokens[:, :-1], tokens[:, 1:], cfg))
     assert abs(loss - math.log(cfg.vocab_size)) < 0.1
+
+
+@pytest.mark.parametrize("name", ["softmax", "flash", "LT_chunked", "LT_state"])
+def test_decode_prefill_then_steps_equals_full_forward(name):
+    from linear_gpt2.model import decode, decode_init
+
+    cfg = ModelConfig(**TINY, attention=name, chunk_size=4)
+    p = init_params(cfg, seed=5)
+    tokens = jax.random.randint(jax.random.key(4), (2, 20), 0, cfg.vocab_size)
+    full = forward(p, tokens, cfg)
+    step = jax.jit(decode, static_argnums=3)
+    cache = decode_init(cfg, batch=2, max_len=24)
+    logits, cache = step(p, tokens[:, :7], cache, cfg)  # prefill (7: not a multiple of chunk 4)
+    outs = [logits]
+    for t in range(7, 20):
+        logits, cache = step(p, tokens[:, t : t + 1], cache, cfg)
+        outs.append(logits)
+    assert int(cache["pos"]) == 20
+    assert rel_err(jnp.concatenate(outs, axis=1), full) < 1e-5
+
+
+def test_decode_refuses_to_run_past_block_size():
+    from linear_gpt2.model import decode, decode_init
+
+    cfg = ModelConfig(**TINY, attention="LT_state")
+    p = init_params(cfg)
+    with pytest.raises(ValueError, match="exceeds block_size=32"):
+        decode_init(cfg, batch=1, max_len=33)
+    cache = decode_init(cfg, batch=1)
+    _, cache = decode(p, jnp.zeros((1, 30), jnp.int32), cache, cfg)
+    with pytest.raises(ValueError, match="cache holds 30 tokens and 3 more"):
+        decode(p, jnp.zeros((1, 3), jnp.int32), cache, cfg)
