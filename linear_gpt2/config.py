@@ -49,6 +49,18 @@ SCANS = ("cumsum", "associative")
 DTYPES = ("float32", "bfloat16")
 
 
+def _check_chunk_size(value: Any, key: str) -> None:
+    # OmegaConf types the field int | str: YAML/CLI "64" arrives as int 64, "auto" as a string.
+    if isinstance(value, str):
+        _check(value == "auto", key, f"must be an int >= 1 or 'auto', got {value!r}")
+    else:
+        _check(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            key,
+            f"must be an int >= 1 or 'auto', got {value!r}",
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # Model
 
@@ -93,8 +105,9 @@ class AttentionOptions:
 
     # Positive feature map phi applied to q and k by the linear variants.
     feature_map: str = "softplus"
-    # Chunk size c of LT_chunked (and block size of the blocked LT_attention_parallel).
-    chunk_size: int = 64
+    # Chunk size c of LT_chunked (and block size of the blocked LT_attention_parallel): an int,
+    # or "auto" (measured per shape and device at trace time, cached; attention/autotune.py).
+    chunk_size: int | str = 64
     # Implementation: xla (pure JAX), pallas, triton, cudnn (flash on GPU), or auto.
     kernel: str = "auto"
     # LT_state_parallel's prefix sum: jnp.cumsum or lax.associative_scan.
@@ -107,7 +120,7 @@ class AttentionOptions:
         _check_choice(self.feature_map, f"{prefix}feature_map", FEATURE_MAPS)
         _check_choice(self.kernel, f"{prefix}kernel", KERNELS)
         _check_choice(self.scan, f"{prefix}scan", SCANS)
-        _check(self.chunk_size >= 1, f"{prefix}chunk_size", f"must be >= 1, got {self.chunk_size}")
+        _check_chunk_size(self.chunk_size, f"{prefix}chunk_size")
         _check(self.eps >= 0.0, f"{prefix}eps", f"must be >= 0, got {self.eps}")
 
 
@@ -308,7 +321,7 @@ class Config:
             f"context {self.data.context} is longer than model.block_size={self.model.block_size}; "
             f"lower data.context or raise model.block_size",
         )
-        if self.attention.name == "LT_chunked":
+        if self.attention.name == "LT_chunked" and self.attention.chunk_size != "auto":
             _check(
                 self.data.context % self.attention.chunk_size == 0,
                 "attention.chunk_size",

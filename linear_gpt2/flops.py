@@ -25,7 +25,9 @@ PEAK_FLOPS = {
 
 def attention_forward_flops_per_token(cfg: ModelConfig, context: int) -> float:
     """Matmul FLOPs of one layer's attention per token, forward, summed over heads."""
-    T, D, H, c = context, cfg.head_dim, cfg.n_head, min(cfg.chunk_size, context)
+    # chunk_size "auto" is resolved at trace time; count FLOPs at the common c = 64.
+    chunk = 64 if cfg.chunk_size == "auto" else cfg.chunk_size
+    T, D, H, c = context, cfg.head_dim, cfg.n_head, min(chunk, context)
     name = cfg.attention
     if name in (
         "softmax",

@@ -103,7 +103,7 @@ def causal_mask(T: int) -> jax.Array:
 
 
 def make_decoder(
-    feature_map: str = "softplus", chunk_size: int = 64, eps: float = 1e-6, **_: Any
+    feature_map: str = "softplus", chunk_size: int | str = 64, eps: float = 1e-6, **_: Any
 ) -> Decoder:
     """The linear transformer as an RNN (the post's section 4): a state of constant size.
 
@@ -117,6 +117,8 @@ def make_decoder(
       started from ``state``, with chunks of ``chunk_size``; T need not be a multiple of it.
     """
     phi = check_feature_map(feature_map)
+    if chunk_size == "auto":
+        chunk_size = 64  # the prefill's chunk only affects speed; decoding is mostly single steps
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 

@@ -1,7 +1,8 @@
 """``LT_attention_parallel``: the attention formulation without the T x T matrix (flash-style).
 
-The post uses a Triton flash kernel here; this module is the same blocked algorithm in pure JAX,
-and the place where fused kernels plug in (``kernel=``; the Pallas/Triton ones are a later issue).
+The post uses a Triton flash kernel here; this module is the same blocked algorithm in pure JAX
+(the oracle), and the place where fused kernels plug in (``kernel=``: ``IMPLEMENTATIONS``; the
+Pallas kernel is ``linear_gpt2.kernels.pallas_parallel``).
 With block size c (the ``chunk_size`` option) and T/c query blocks Q_n and key blocks K_m:
 
     for every query block n (in parallel):              # a kernel's grid axis; here a batch axis
@@ -153,26 +154,65 @@ def _bwd(c, eps, residuals, dy):
 blocked_linear_attention.defvjp(_fwd, _bwd)
 
 
-# kernel name -> implementation of ``blocked_linear_attention``'s interface. Pallas and Triton
-# kernels register here (and ``auto`` then prefers them on GPU).
-IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {"xla": blocked_linear_attention}
+def _pallas(fq, fk, v, c: int, eps: float) -> jax.Array:
+    # Imported when called: picking xla never imports Pallas.
+    from linear_gpt2.kernels import pallas_parallel
+
+    return pallas_parallel.blocked_attention(fq, fk, v, c, eps)
+
+
+# kernel name -> implementation of ``blocked_linear_attention``'s interface (``auto`` is pallas
+# on a GPU when the block size suits it, xla otherwise; see ``linear_gpt2.kernels``). The fused
+# kernels need a power-of-two block size >= 16.
+IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {
+    "xla": blocked_linear_attention,
+    "pallas": _pallas,
+}
+FUSED = ("pallas",)
+
+
+def _block_size(kernel: str, chunk_size: int, T: int) -> int:
+    """The block size for length T: ``chunk_size``, capped at T for xla; for a fused kernel
+    capped at the power of two >= T (at least 16), so that it stays a valid Triton block."""
+    from linear_gpt2 import kernels
+
+    if kernel in FUSED:
+        return min(chunk_size, max(kernels.MIN_BLOCK, kernels.next_power_of_2(T)))
+    return min(chunk_size, T)
 
 
 def make(
-    feature_map: str = "softplus", chunk_size: int = 64, kernel: str = "auto", eps: float = 1e-6
+    feature_map: str = "softplus",
+    chunk_size: int | str = 64,
+    kernel: str = "auto",
+    eps: float = 1e-6,
 ):
+    """``fn(q, k, v) -> y``. ``chunk_size`` is the block size (any int >= 1 for xla, a power of
+    two >= 16 for pallas), or ``"auto"``: chosen at trace time from the concrete shape by
+    ``linear_gpt2.attention.autotune.best_chunk_size``."""
+    from linear_gpt2 import kernels
+
     phi = linear.check_feature_map(feature_map)
-    impl = IMPLEMENTATIONS[
-        linear.check_kernel(kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS))
-    ]
-    if chunk_size < 1:
-        raise ValueError(f"LT_attention_parallel: chunk_size must be >= 1, got {chunk_size}")
+    kernels.check_chunk_option(chunk_size, "LT_attention_parallel")
+    name = kernels.resolve_kernel(
+        kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS), chunk_size
+    )
+    impl = IMPLEMENTATIONS[name]
+    if name in FUSED and chunk_size != "auto":
+        kernels.check_block_size(chunk_size, f"LT_attention_parallel kernel={name}: chunk_size")
 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Causal linear attention, blocked. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``; any T
         (padded to a multiple of the block size)."""
         T = q.shape[1]
-        c = min(chunk_size, T)
+        block = chunk_size
+        if block == "auto":
+            from linear_gpt2.attention import autotune
+
+            block = autotune.best_chunk_size(
+                "LT_attention_parallel", q.shape, q.dtype, name, feature_map=feature_map, eps=eps
+            )
+        c = _block_size(name, block, T)
         fq, fk = linear.features(q, k, phi)
         # Pad in feature space: phi(k) = 0 and v = 0 on padded keys, so they add nothing to any
         # real query's sums; the padded queries (den = 0, y = 0) are dropped.

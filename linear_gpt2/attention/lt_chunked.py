@@ -71,18 +71,60 @@ def check_chunk_size(T: int, c: int) -> None:
         )
 
 
+# Implementations selected by ``kernel=``: ``xla`` is ``chunked_linear_attention`` above (the
+# oracle of the fused kernels); ``pallas`` (Triton-lowered on GPU, interpret mode elsewhere) and
+# ``triton`` (jax-triton, GPU only) live in ``linear_gpt2.kernels``; ``auto`` is pallas on a GPU,
+# xla elsewhere.
+KERNELS = ("auto", "xla", "pallas", "triton")
+
+
+def _fused(kernel: str):
+    """``(fq, fk, v, c, eps) -> y`` of a fused kernel, imported only when picked."""
+    if kernel == "pallas":
+        from linear_gpt2.kernels import pallas_chunked
+
+        return pallas_chunked.chunked_attention
+    from linear_gpt2.kernels import triton_chunked
+
+    triton_chunked.check_available()
+    return triton_chunked.chunked_attention
+
+
 def make(
-    feature_map: str = "softplus", chunk_size: int = 64, kernel: str = "auto", eps: float = 1e-6
+    feature_map: str = "softplus",
+    chunk_size: int | str = 64,
+    kernel: str = "auto",
+    eps: float = 1e-6,
 ):
+    """``fn(q, k, v) -> y``. ``chunk_size``: an int dividing T (a power of two >= 16 for the
+    fused kernels), or ``"auto"``: chosen when ``fn`` is traced, from the concrete shape, by
+    ``linear_gpt2.attention.autotune.best_chunk_size`` (measured once per shape and device, then
+    cached on disk)."""
+    from linear_gpt2 import kernels
+
     phi = linear.check_feature_map(feature_map)
-    linear.check_kernel(kernel, "LT_chunked")
+    kernels.check_chunk_option(chunk_size, "LT_chunked")
+    impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size)
+    if impl != "xla":
+        fused = _fused(impl)  # an unavailable kernel (triton on CPU) fails here, at make()
+        if chunk_size != "auto":
+            kernels.check_block_size(chunk_size, f"LT_chunked kernel={impl}: chunk_size")
 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Causal linear attention by chunks. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``;
-        ``chunk_size`` must divide T."""
-        check_chunk_size(q.shape[1], chunk_size)
+        the chunk size must divide T."""
+        c = chunk_size
+        if c == "auto":
+            from linear_gpt2.attention import autotune
+
+            c = autotune.best_chunk_size(
+                "LT_chunked", q.shape, q.dtype, impl, feature_map=feature_map, eps=eps
+            )
+        check_chunk_size(q.shape[1], c)
         fq, fk = linear.features(q, k, phi)
-        (num, den), _ = chunked_linear_attention(fq, fk, v, chunk_size)
+        if impl != "xla":
+            return fused(fq, fk, v.astype(q.dtype), c, eps).astype(q.dtype)
+        (num, den), _ = chunked_linear_attention(fq, fk, v, c)
         return linear.normalise(num, den, eps, q.dtype)
 
     return fn

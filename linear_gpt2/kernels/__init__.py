@@ -1,0 +1,131 @@
+"""Fused kernels for the linear-attention family (Pallas, Triton).
+
+Every kernel here implements the interface of
+``linear_gpt2.attention.lt_attention_parallel.blocked_linear_attention``:
+
+    kernel(fq, fk, v, c, eps) -> y
+
+fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` in the input dtype, T a multiple of the chunk/block
+size c, y ``[B, T, H, D]`` in v's dtype, normalised (``num / (den + eps)``) inside the kernel.
+The feature map phi is applied outside the kernels, in plain JAX: it is elementwise, XLA fuses it
+with the projection that produces q and k, and its gradient is then plain autodiff (the kernels'
+``custom_vjp`` returns cotangents of phi(q) and phi(k)). Fusing phi into the kernels would save
+one write and one read of phi(q), phi(k) (4 T D bytes per head in bfloat16) per pass; not done.
+
+Modules (imported lazily by the attention variants, so ``kernel=xla`` never imports Pallas):
+
+- :mod:`.pallas_chunked`: ``LT_chunked`` (state carried across chunks in float32);
+- :mod:`.pallas_parallel`: ``LT_attention_parallel`` (flash-style tiles, running sums);
+- :mod:`.triton_chunked`: ``LT_chunked`` through ``jax_triton.triton_call`` (GPU only, optional).
+
+This module holds what they share: backend detection, the Triton shape rules (checked on every
+backend so that a configuration that would not lower on a GPU fails on CPU too) and head-dim
+padding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+F32 = jnp.float32
+
+# Triton's tl.dot needs every operand dimension >= 16, and block shapes must be powers of two.
+MIN_BLOCK = 16
+
+
+class KernelUnavailableError(RuntimeError):
+    """The requested kernel cannot run on this backend or installation."""
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def interpret() -> bool:
+    """Pallas interpret mode everywhere but on a GPU (as ``attention.flash`` does): the kernels
+    then run as plain JAX, slowly, which is what the CPU tests exercise."""
+    return not on_gpu()
+
+
+def is_power_of_2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def padded_head_dim(D: int) -> int:
+    """The head dim the kernels work with: the next power of two, at least 16 (Triton dots)."""
+    return max(MIN_BLOCK, next_power_of_2(D))
+
+
+def block_size_problem(c: int) -> str | None:
+    """Why ``c`` cannot be a kernel's chunk/block size, or None if it can. The [c, c] score tiles
+    and [c, D] operand tiles are Triton block shapes: powers of two, >= 16 for tl.dot."""
+    if not is_power_of_2(c) or c < MIN_BLOCK:
+        return f"must be a power of two >= {MIN_BLOCK} (Triton block shapes and dot sizes)"
+    return None
+
+
+def check_block_size(c: int, what: str) -> None:
+    problem = block_size_problem(c)
+    if problem:
+        raise ValueError(f"{what}={c} {problem}; use e.g. 64, or kernel=xla for any size")
+
+
+def pad_head_dim(x: jax.Array, Dp: int) -> jax.Array:
+    """Zero-pad the last axis to Dp. Exact for linear attention: zero feature columns add nothing
+    to any score phi(q).phi(k), zero value columns give zero output columns (sliced off), and the
+    padded cotangents are dropped by autodiff of the slice."""
+    D = x.shape[-1]
+    if D == Dp:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, Dp - D)])
+
+
+def reciprocal(den: jax.Array, eps: float) -> jax.Array:
+    """``1 / (den + eps)``, 0 where that is 1/0 (only all-zero features with eps = 0: then the
+    numerator is 0 too and y = 0, as in the XLA path, instead of NaN). Usable inside kernels."""
+    d = den + eps
+    safe = d > 0
+    return jnp.where(safe, 1.0 / jnp.where(safe, d, 1.0), 0.0)
+
+
+def num_warps(Dp: int) -> int:
+    # A [D, D] float32 state held in registers: 4096 floats at D = 64 are 32 per thread with
+    # 4 warps; D = 128 quadruples that, so use 8 warps there.
+    return 4 if Dp <= 64 else 8
+
+
+def resolve_kernel(kernel: str, variant: str, valid: tuple[str, ...], chunk_size) -> str:
+    """The implementation behind ``kernel`` for ``variant``: ``auto`` is ``pallas`` on a GPU when
+    the chunk size suits the kernel (a power of two >= 16, or ``auto``), ``xla`` otherwise (with a
+    warning on a GPU); other values are checked against ``valid`` and returned as they are."""
+    import warnings
+
+    from linear_gpt2.attention import linear
+
+    linear.check_kernel(kernel, variant, valid)
+    if kernel != "auto":
+        return kernel
+    if not on_gpu():
+        return "xla"
+    problem = None if chunk_size == "auto" else block_size_problem(int(chunk_size))
+    if problem:
+        warnings.warn(
+            f"{variant}: kernel=auto uses xla, not the Pallas kernel, because chunk_size="
+            f"{chunk_size} {problem}",
+            stacklevel=3,
+        )
+        return "xla"
+    return "pallas"
+
+
+def check_chunk_option(chunk_size, variant: str) -> None:
+    """``chunk_size`` is a positive int or the string ``auto``."""
+    if chunk_size == "auto":
+        return
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{variant}: chunk_size must be an int >= 1 or 'auto', got {chunk_size!r}")

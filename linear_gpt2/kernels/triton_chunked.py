@@ -1,0 +1,205 @@
+"""``LT_chunked`` as hand-written Triton kernels called through ``jax_triton.triton_call``.
+
+The same algorithm as :mod:`linear_gpt2.kernels.pallas_chunked` (see its docstring for the
+design, the gradient formulas and the FLOP/byte counts): grid (B, H), a sequential loop over
+chunks carrying the float32 state S [D, D], z [D]; backward recomputes the states in a forward
+loop (dphi(Q)) and carries their cotangents in a reverse loop (dphi(K), dV). Written in Triton
+directly so that a GPU benchmark can tell whether Pallas' lowering leaves speed on the table;
+it is kept only if it is competitive.
+
+GPU only: needs ``jax-triton`` and ``triton`` (``pip install .[triton]``) and a CUDA backend.
+Nothing here can be run or lowered on CPU, so this module is verified only by the GPU tests
+(``@pytest.mark.gpu`` in tests/test_kernels.py) against the Pallas kernel and the XLA oracle.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2 import kernels
+
+F32 = jnp.float32
+
+try:  # Optional dependency: importing this module never fails, calling it explains.
+    import jax_triton as jt
+    import triton
+    import triton.language as tl
+
+    _IMPORT_ERROR: Exception | None = None
+except ImportError as e:  # pragma: no cover - depends on the installation
+    jt = triton = tl = None
+    _IMPORT_ERROR = e
+
+
+def unavailable_reason() -> str | None:
+    """Why ``kernel=triton`` cannot run here, or None if it can."""
+    if _IMPORT_ERROR is not None:
+        return (
+            f"kernel=triton needs jax-triton and triton ({_IMPORT_ERROR}); install them with "
+            f"`pip install .[triton]` on a machine with a CUDA GPU, or use kernel=pallas|xla"
+        )
+    if not kernels.on_gpu():
+        return (
+            f"kernel=triton needs a CUDA GPU (Triton kernels cannot run on the "
+            f"{jax.default_backend()!r} backend); use kernel=pallas (interpret mode off-GPU) "
+            f"or kernel=xla"
+        )
+    return None
+
+
+def check_available() -> None:
+    reason = unavailable_reason()
+    if reason:
+        raise kernels.KernelUnavailableError(reason)
+
+
+if triton is not None:  # pragma: no cover - GPU only
+
+    @triton.jit
+    def _fwd_kernel(FQ, FK, V, Y, DEN, T: tl.constexpr, H: tl.constexpr, EPS: tl.constexpr,
+                    C: tl.constexpr, D: tl.constexpr):  # fmt: skip
+        # Layout [B, T, H, D], contiguous: row t of head h of batch b starts at
+        # ((b T + t) H + h) D. DEN is [B, H, T].
+        b, h = tl.program_id(0), tl.program_id(1)
+        rows, cols = tl.arange(0, C), tl.arange(0, D)
+        base = b * T * H * D + h * D
+        causal = rows[:, None] >= rows[None, :]
+        S = tl.zeros((D, D), dtype=tl.float32)
+        z = tl.zeros((D,), dtype=tl.float32)
+        for n in range(0, T // C):
+            off = base + (n * C + rows)[:, None] * (H * D) + cols[None, :]
+            fq, fk, v = tl.load(FQ + off), tl.load(FK + off), tl.load(V + off)
+            A = tl.where(causal, tl.dot(fq, tl.trans(fk)), 0.0)
+            num = tl.dot(fq.to(tl.float32), S) + tl.dot(A.to(v.dtype), v)
+            den = tl.sum(fq.to(tl.float32) * z[None, :], axis=1) + tl.sum(A, axis=1)
+            d = den + EPS
+            r = tl.where(d > 0, 1.0 / tl.where(d > 0, d, 1.0), 0.0)
+            tl.store(Y + off, (num * r[:, None]).to(Y.dtype.element_ty))
+            tl.store(DEN + (b * H + h) * T + n * C + rows, den)
+            S += tl.dot(tl.trans(fk), v)
+            z += tl.sum(fk.to(tl.float32), axis=0)
+
+    @triton.jit
+    def _bwd_kernel(FQ, FK, V, Y, DY, DEN, DQ, DK, DV, T: tl.constexpr, H: tl.constexpr,
+                    EPS: tl.constexpr, C: tl.constexpr, D: tl.constexpr):  # fmt: skip
+        b, h = tl.program_id(0), tl.program_id(1)
+        rows, cols = tl.arange(0, C), tl.arange(0, D)
+        base = b * T * H * D + h * D
+        den_base = (b * H + h) * T
+        causal = rows[:, None] >= rows[None, :]
+        N = T // C
+
+        # Loop 1, forward: dphi(Q) = g S^T - delta z^T + dA phi(K), recomputing S, z.
+        S = tl.zeros((D, D), dtype=tl.float32)
+        z = tl.zeros((D,), dtype=tl.float32)
+        for n in range(0, N):
+            off = base + (n * C + rows)[:, None] * (H * D) + cols[None, :]
+            fk = tl.load(FK + off)
+            v = tl.load(V + off)
+            d = tl.load(DEN + den_base + n * C + rows) + EPS
+            r = tl.where(d > 0, 1.0 / tl.where(d > 0, d, 1.0), 0.0)
+            g = tl.load(DY + off).to(tl.float32) * r[:, None]
+            delta = tl.sum(g * tl.load(Y + off).to(tl.float32), axis=1)
+            fk32, v32 = fk.to(tl.float32), v.to(tl.float32)
+            dA = tl.where(causal, tl.dot(g, tl.trans(v32)) - delta[:, None], 0.0)
+            dq = tl.dot(g, tl.trans(S)) - delta[:, None] * z[None, :] + tl.dot(dA, fk32)
+            tl.store(DQ + off, dq.to(DQ.dtype.element_ty))
+            S += tl.dot(tl.trans(fk), v)
+            z += tl.sum(fk32, axis=0)
+
+        # Loop 2, reverse: dV, dphi(K), carrying dS, dz (cotangent of the state after chunk n).
+        dS = tl.zeros((D, D), dtype=tl.float32)
+        dz = tl.zeros((D,), dtype=tl.float32)
+        for i in range(0, N):
+            n = N - 1 - i
+            off = base + (n * C + rows)[:, None] * (H * D) + cols[None, :]
+            fq, fk, v = tl.load(FQ + off), tl.load(FK + off), tl.load(V + off)
+            d = tl.load(DEN + den_base + n * C + rows) + EPS
+            r = tl.where(d > 0, 1.0 / tl.where(d > 0, d, 1.0), 0.0)
+            g = tl.load(DY + off).to(tl.float32) * r[:, None]
+            delta = tl.sum(g * tl.load(Y + off).to(tl.float32), axis=1)
+            fq32, fk32, v32 = fq.to(tl.float32), fk.to(tl.float32), v.to(tl.float32)
+            A = tl.where(causal, tl.dot(fq, tl.trans(fk)), 0.0)
+            dA = tl.where(causal, tl.dot(g, tl.trans(v32)) - delta[:, None], 0.0)
+            dv = tl.dot(tl.trans(A), g) + tl.dot(fk32, dS)
+            dk = tl.dot(tl.trans(dA), fq32) + tl.dot(v32, tl.trans(dS)) + dz[None, :]
+            tl.store(DV + off, dv.to(DV.dtype.element_ty))
+            tl.store(DK + off, dk.to(DK.dtype.element_ty))
+            dS += tl.dot(tl.trans(fq32), g)
+            dz -= tl.sum(fq32 * delta[:, None], axis=0)
+
+
+def _meta(fq, c: int, eps: float) -> dict:
+    B, T, H, Dp = fq.shape
+    return dict(
+        grid=(B, H),
+        num_warps=kernels.num_warps(Dp),
+        num_stages=2,
+        T=T,
+        H=H,
+        EPS=float(eps),
+        C=c,
+        D=Dp,
+    )
+
+
+def _forward(fq, fk, v, c: int, eps: float):
+    B, T, H, Dp = fq.shape
+    return jt.triton_call(
+        fq,
+        fk,
+        v,
+        kernel=_fwd_kernel,
+        out_shape=[
+            jax.ShapeDtypeStruct(fq.shape, v.dtype),
+            jax.ShapeDtypeStruct((B, H, T), F32),
+        ],
+        **_meta(fq, c, eps),
+    )
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked(fq, fk, v, c: int, eps: float):
+    return _forward(fq, fk, v, c, eps)[0]
+
+
+def _chunked_fwd(fq, fk, v, c, eps):
+    y, den = _forward(fq, fk, v, c, eps)
+    return y, (fq, fk, v, y, den)
+
+
+def _chunked_bwd(c, eps, residuals, dy):
+    fq, fk, v, y, den = residuals
+    return tuple(
+        jt.triton_call(
+            fq,
+            fk,
+            v,
+            y,
+            dy.astype(y.dtype),
+            den,
+            kernel=_bwd_kernel,
+            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (fq, fk, v)],
+            **_meta(fq, c, eps),
+        )
+    )
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+def chunked_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float):
+    """Normalised causal linear attention by chunks of ``c`` (Triton). Same contract as
+    :func:`linear_gpt2.kernels.pallas_chunked.chunked_attention`; GPU and jax-triton only."""
+    check_available()
+    B, T, H, D = fq.shape
+    kernels.check_block_size(c, "LT_chunked kernel=triton: chunk_size")
+    if T % c:
+        raise ValueError(f"LT_chunked kernel=triton: chunk_size={c} does not divide T={T}")
+    Dp = kernels.padded_head_dim(D)
+    # Contiguous [B, T, H, Dp]: the kernels compute offsets from this layout.
+    fq, fk, v = (kernels.pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
+    return _chunked(fq, fk, v, c, float(eps))[..., :D]
