@@ -25,6 +25,9 @@ padding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
@@ -129,3 +132,40 @@ def check_chunk_option(chunk_size, variant: str) -> None:
         return
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{variant}: chunk_size must be an int >= 1 or 'auto', got {chunk_size!r}")
+
+
+def fused_linear_attention(forward: Callable, backward: Callable, what: str) -> Callable:
+    """Wrap a kernel pair into ``(phi(q), phi(k), v, c, eps) -> y``, differentiable.
+
+    ``forward(fq, fk, v, c, eps) -> (y, den)`` and
+    ``backward(fq, fk, v, y, dy, den, c, eps) -> (dfq, dfk, dv)`` work on head dims padded to a
+    power of two >= 16; this wrapper checks the block size, pads D (exact: zero features and
+    values add nothing), ties the two together with a ``custom_vjp`` whose residuals are
+    O(T D) (inputs, y, den: the backward recomputes the rest), and slices the padding off.
+    fq, fk, v: ``[B, T, H, D]``, T a multiple of c; y ``[B, T, H, D]`` in fq's dtype.
+    """
+
+    @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+    def core(fq, fk, v, c: int, eps: float):
+        return forward(fq, fk, v, c, eps)[0]
+
+    def core_fwd(fq, fk, v, c, eps):
+        y, den = forward(fq, fk, v, c, eps)
+        return y, (fq, fk, v, y, den)
+
+    def core_bwd(c, eps, residuals, dy):
+        fq, fk, v, y, den = residuals
+        return tuple(backward(fq, fk, v, y, dy.astype(y.dtype), den, c, eps))
+
+    core.defvjp(core_fwd, core_bwd)
+
+    def attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float) -> jax.Array:
+        T, D = fq.shape[1], fq.shape[-1]
+        check_block_size(c, f"{what}: chunk_size")
+        if T % c:
+            raise ValueError(f"{what}: chunk_size={c} does not divide T={T}")
+        Dp = padded_head_dim(D)
+        fq, fk, v = (pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
+        return core(fq, fk, v, c, float(eps))[..., :D]
+
+    return attention

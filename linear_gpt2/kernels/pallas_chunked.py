@@ -194,35 +194,9 @@ def _backward(fq, fk, v, y, dy, den, c: int, eps: float):
     )(fq, fk, v, y, dy, den)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunked(fq, fk, v, c: int, eps: float):
-    return _forward(fq, fk, v, c, eps)[0]
+chunked_attention = kernels.fused_linear_attention(_forward, _backward, "LT_chunked kernel=pallas")
+chunked_attention.__doc__ = """Normalised causal linear attention by chunks of ``c``, fused.
 
-
-def _chunked_fwd(fq, fk, v, c, eps):
-    y, den = _forward(fq, fk, v, c, eps)
-    return y, (fq, fk, v, y, den)
-
-
-def _chunked_bwd(c, eps, residuals, dy):
-    fq, fk, v, y, den = residuals
-    return _backward(fq, fk, v, y, dy.astype(y.dtype), den, c, eps)
-
-
-_chunked.defvjp(_chunked_fwd, _chunked_bwd)
-
-
-def chunked_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float):
-    """Normalised causal linear attention by chunks of ``c``, fused.
-
-    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` (same dtype), T a multiple of c, c a power of
-    two >= 16; any D (zero-padded to a power of two >= 16 around the kernel). Returns y
-    ``[B, T, H, D]`` in v's dtype. Differentiable (``custom_vjp``, recomputing backward).
-    """
-    B, T, H, D = fq.shape
-    kernels.check_block_size(c, "LT_chunked kernel=pallas: chunk_size")
-    if T % c:
-        raise ValueError(f"LT_chunked kernel=pallas: chunk_size={c} does not divide T={T}")
-    Dp = kernels.padded_head_dim(D)
-    fq, fk, v = (kernels.pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
-    return _chunked(fq, fk, v, c, float(eps))[..., :D]
+fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` (same dtype), T a multiple of c, c a power of two
+>= 16; any D (zero-padded to a power of two >= 16 around the kernel). Returns y ``[B, T, H, D]``;
+differentiable (``custom_vjp``, recomputing backward)."""

@@ -165,36 +165,12 @@ def _backward(fq, fk, v, y, dy, den, c: int, eps: float):
     )(fq, fk, v, y, dy, den)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _blocked(fq, fk, v, c: int, eps: float):
-    return _forward(fq, fk, v, c, eps)[0]
+blocked_attention = kernels.fused_linear_attention(
+    _forward, _backward, "LT_attention_parallel kernel=pallas"
+)
+blocked_attention.__doc__ = """Normalised causal linear attention, flash-style, fused.
 
-
-def _blocked_fwd(fq, fk, v, c, eps):
-    y, den = _forward(fq, fk, v, c, eps)
-    return y, (fq, fk, v, y, den)
-
-
-def _blocked_bwd(c, eps, residuals, dy):
-    fq, fk, v, y, den = residuals
-    return _backward(fq, fk, v, y, dy.astype(y.dtype), den, c, eps)
-
-
-_blocked.defvjp(_blocked_fwd, _blocked_bwd)
-
-
-def blocked_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float):
-    """Normalised causal linear attention, flash-style, fused.
-
-    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``, T a multiple of the block size c (a power of
-    two >= 16); any D (zero-padded to a power of two >= 16). Returns y ``[B, T, H, D]`` in v's
-    dtype; differentiable (``custom_vjp`` with the blocked backward kernel). The interface of
-    ``lt_attention_parallel.IMPLEMENTATIONS``.
-    """
-    B, T, H, D = fq.shape
-    kernels.check_block_size(c, "LT_attention_parallel kernel=pallas: block size (chunk_size)")
-    if T % c:
-        raise ValueError(f"LT_attention_parallel kernel=pallas: block size {c} does not divide {T}")
-    Dp = kernels.padded_head_dim(D)
-    fq, fk, v = (kernels.pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
-    return _blocked(fq, fk, v, c, float(eps))[..., :D]
+fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``, T a multiple of the block size c (a power of two
+>= 16); any D (zero-padded to a power of two >= 16). Returns y ``[B, T, H, D]``; differentiable
+(``custom_vjp`` with the blocked backward kernel). The interface of
+``lt_attention_parallel.IMPLEMENTATIONS``."""

@@ -14,8 +14,6 @@ Nothing here can be run or lowered on CPU, so this module is verified only by th
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 
@@ -161,45 +159,26 @@ def _forward(fq, fk, v, c: int, eps: float):
     )
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunked(fq, fk, v, c: int, eps: float):
-    return _forward(fq, fk, v, c, eps)[0]
-
-
-def _chunked_fwd(fq, fk, v, c, eps):
-    y, den = _forward(fq, fk, v, c, eps)
-    return y, (fq, fk, v, y, den)
-
-
-def _chunked_bwd(c, eps, residuals, dy):
-    fq, fk, v, y, den = residuals
-    return tuple(
-        jt.triton_call(
-            fq,
-            fk,
-            v,
-            y,
-            dy.astype(y.dtype),
-            den,
-            kernel=_bwd_kernel,
-            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (fq, fk, v)],
-            **_meta(fq, c, eps),
-        )
+def _backward(fq, fk, v, y, dy, den, c: int, eps: float):
+    return jt.triton_call(
+        fq,
+        fk,
+        v,
+        y,
+        dy,
+        den,
+        kernel=_bwd_kernel,
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (fq, fk, v)],
+        **_meta(fq, c, eps),
     )
 
 
-_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+_fused = kernels.fused_linear_attention(_forward, _backward, "LT_chunked kernel=triton")
 
 
 def chunked_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float):
     """Normalised causal linear attention by chunks of ``c`` (Triton). Same contract as
-    :func:`linear_gpt2.kernels.pallas_chunked.chunked_attention`; GPU and jax-triton only."""
+    :func:`linear_gpt2.kernels.pallas_chunked.chunked_attention`; GPU and jax-triton only.
+    The kernels compute offsets from the contiguous ``[B, T, H, Dp]`` layout."""
     check_available()
-    B, T, H, D = fq.shape
-    kernels.check_block_size(c, "LT_chunked kernel=triton: chunk_size")
-    if T % c:
-        raise ValueError(f"LT_chunked kernel=triton: chunk_size={c} does not divide T={T}")
-    Dp = kernels.padded_head_dim(D)
-    # Contiguous [B, T, H, Dp]: the kernels compute offsets from this layout.
-    fq, fk, v = (kernels.pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
-    return _chunked(fq, fk, v, c, float(eps))[..., :D]
+    return _fused(fq, fk, v, c, eps)
