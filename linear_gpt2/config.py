@@ -47,6 +47,7 @@ FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
 KERNELS = ("auto", "xla", "pallas", "triton", "cudnn")
 SCANS = ("cumsum", "associative")
 DTYPES = ("float32", "bfloat16")
+GPT2_VOCAB = 50257  # ids 0..50256 (50256 = <|endoftext|>), what the data pipeline emits
 
 
 def _check_chunk_size(value: Any, key: str) -> None:
@@ -315,6 +316,13 @@ class Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _check(
+            self.model.vocab_size >= GPT2_VOCAB,
+            "model.vocab_size",
+            f"vocab_size={self.model.vocab_size} is smaller than the GPT-2 tokenizer's {GPT2_VOCAB} "
+            f"ids that every data.source produces; use {GPT2_VOCAB} (imported weights) or 50304 "
+            "(from scratch, padded to a multiple of 64)",
+        )
         _check(
             self.data.context <= self.model.block_size,
             "data.context",

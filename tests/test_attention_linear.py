@@ -212,7 +212,9 @@ def test_chunk_size_must_divide_T(t, c, divisor):
     assert f"chunk_size={c}" in msg and f"T={t}" in msg and f"chunk_size={divisor}" in msg, msg
 
 
-@pytest.mark.parametrize("name", [n for n in LINEAR if n not in ("LT_chunked", "LT_attention_parallel")])
+@pytest.mark.parametrize(
+    "name", [n for n in LINEAR if n not in ("LT_chunked", "LT_attention_parallel")]
+)
 def test_unimplemented_kernel_is_a_clear_error(name):
     with pytest.raises(NotImplementedError, match=r"kernel='pallas'.*valid kernels: auto, xla"):
         attention.get(name, kernel="pallas")

@@ -111,6 +111,7 @@ def test_wrong_types_name_the_key(override, key):
         (["train.min_lr=1"], ["train.min_lr"]),
         (["log.wandb=maybe"], ["log.wandb", "offline", "disabled"]),
         (["model.n_layer=0"], ["model.n_layer", "positive"]),
+        (["model.vocab_size=1000"], ["model.vocab_size", "50257", "50304"]),
     ],
 )
 def test_impossible_values_and_combinations(overrides, must_mention):

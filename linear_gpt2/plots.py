@@ -1,0 +1,401 @@
+"""The post's figures from our result files: step time and sampling time against context
+(log-log, fitted slopes in the legend), and the learning study's loss curves.
+
+Inputs are plain records so the functions serve the scripts, the notebooks and the tests alike:
+
+- step time: the ``results`` of a :mod:`linear_gpt2.bench` JSON file (dicts with ``attention``,
+  ``size``, ``context``, ``status``, ``median_ms``, ``chunk_size``);
+- sampling time: the rows of a :mod:`linear_gpt2.sampling` benchmark (``decoder``, ``context``,
+  ``median_ms``);
+- learning: :class:`Run` objects, read from run directories (``metrics.jsonl`` +
+  ``config.yaml``, see :func:`load_run`) or from a wandb project (:func:`load_wandb_runs`).
+
+Matplotlib runs headless (Agg); each function writes one PNG and returns its path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+SOFTMAX_FAMILY = ("softmax", "flash")
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Least-squares slope of log y on log x (y ~ x^slope); None for fewer than two points."""
+    pts = [(a, b) for a, b in zip(x, y) if a and b and a > 0 and b > 0]
+    if len(pts) < 2:
+        return None
+    return float(np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0])
+
+
+def context_label(t: int) -> str:
+    """1024 -> ``1k``, 65536 -> ``64k``, 1048576 -> ``1M``; the post's axis labels."""
+    if t >= 2**20 and t % 2**20 == 0:
+        return f"{t // 2**20}M"
+    if t >= 1024 and t % 1024 == 0:
+        return f"{t // 1024}k"
+    return str(t)
+
+
+def _context_axis(ax, contexts: Iterable[int]) -> None:
+    ticks = sorted(set(contexts))
+    ax.set_xscale("log", base=2)
+    if ax.has_data() and any(len(line.get_ydata()) for line in ax.get_lines()):
+        ax.set_yscale("log")  # not when nothing was measured (every setting out of memory)
+    if ticks:
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([context_label(t) for t in ticks], rotation=0)
+        ax.minorticks_off()
+    ax.set_xlabel("context length (tokens)")
+    ax.grid(alpha=0.3, which="both")
+
+
+def plot_step_times(
+    results: Sequence[dict[str, Any]],
+    size: str,
+    path: str | Path,
+    title: str | None = None,
+) -> Path:
+    """Milliseconds per training step against context for one model ``size``: one line per
+    attention with its fitted log-log slope in the legend (the post's figure 2); an ``x`` marks
+    the context that ran out of memory, drawn at the line's last measured time."""
+    plt = _plt()
+    rows = [r for r in results if r["size"] == size]
+    names = list(dict.fromkeys(r["attention"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for name in names:
+        ok = sorted(
+            (r["context"], r["median_ms"])
+            for r in rows
+            if r["attention"] == name and r["status"] == "ok"
+        )
+        bad = [r for r in rows if r["attention"] == name and r["status"] != "ok"]
+        slope = loglog_slope(*zip(*ok)) if len(ok) >= 2 else None
+        label = name + (f" (slope {slope:.2f})" if slope is not None else "")
+        if ok:
+            (line,) = ax.plot(*zip(*ok), "o-", ms=4, label=label)
+            color = line.get_color()
+        else:
+            color = None
+        for r in bad:
+            y = ok[-1][1] if ok else None
+            if y is None:
+                continue
+            tag = "OOM" if r["status"] == "oom" else "error"
+            ax.plot([r["context"]], [y], "x", ms=9, mew=2, color=color)
+            ax.annotate(
+                tag,
+                (r["context"], y),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+                color=color,
+            )
+        if not ok and bad:
+            ax.plot([], [], "x", label=f"{name} (OOM at {context_label(bad[0]['context'])})")
+    _context_axis(ax, [r["context"] for r in rows])
+    ax.set_ylabel("ms per training step (fwd + bwd + AdamW)")
+    ax.set_title(title or f"GPT-2 {size}: time per training step, batch 1")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_sample_times(
+    rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = None
+) -> Path:
+    """Milliseconds to sample the next token against context: one line per decoder (KV cache,
+    recurrent state), fitted log-log slope in the legend (the post's sampling figure)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r["decoder"] for r in rows):
+        pts = sorted(
+            (r["context"], r["median_ms"])
+            for r in rows
+            if r["decoder"] == name and r.get("median_ms")
+        )
+        oom = [r["context"] for r in rows if r["decoder"] == name and r.get("status") == "oom"]
+        slope = loglog_slope(*zip(*pts)) if len(pts) >= 2 else None
+        label = name + (f" (slope {slope:.2f})" if slope is not None else "")
+        (line,) = ax.plot(*zip(*pts), "o-", ms=4, label=label) if pts else ax.plot([], [])
+        for ctx in oom[:1]:
+            if pts:
+                ax.plot([ctx], [pts[-1][1]], "x", ms=9, mew=2, color=line.get_color())
+                ax.annotate(
+                    "OOM",
+                    (ctx, pts[-1][1]),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                    color=line.get_color(),
+                )
+    _context_axis(ax, [r["context"] for r in rows])
+    ax.set_ylabel("ms per sampled token")
+    ax.set_title(title or "time to sample the next token")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Learning curves
+
+
+@dataclasses.dataclass
+class Run:
+    """One training run: its name, resolved config as dotted keys, and its per-step records
+    (the ``metrics.jsonl`` lines: ``step``, ``loss``, ``hours``, optional ``val_loss``)."""
+
+    name: str
+    config: dict[str, Any]
+    records: list[dict[str, Any]]
+    n_params: int | None = None
+
+    @property
+    def attention(self) -> str:
+        return str(self.config.get("attention.name", "?"))
+
+    @property
+    def family(self) -> str:
+        """``softmax`` (softmax, flash) or ``linear`` (the LT_* variants)."""
+        return "softmax" if self.attention in SOFTMAX_FAMILY else "linear"
+
+    @property
+    def context(self) -> int:
+        return int(self.config.get("data.context", 0))
+
+    @property
+    def size(self) -> str:
+        """``124M``-style label from the architecture (or the parameter count)."""
+        from linear_gpt2.config import PRESETS
+
+        dims = {k: self.config.get(f"model.{k}") for k in ("n_layer", "n_head", "n_embd")}
+        for name, preset in PRESETS.items():
+            if preset == dims:
+                return name
+        return f"{(self.n_params or 0) / 1e6:.0f}M" if self.n_params else "custom"
+
+    def series(self, x: str = "step", y: str = "loss") -> tuple[np.ndarray, np.ndarray]:
+        pts = [
+            (r[x], r[y])
+            for r in self.records
+            if isinstance(r.get(x), (int, float)) and _finite(r.get(y)) and not r.get("skipped")
+        ]
+        if not pts:
+            return np.zeros(0), np.zeros(0)
+        a = np.asarray(pts, dtype=float)
+        return a[:, 0], a[:, 1]
+
+    def final_loss(self, frac: float = 0.02) -> float | None:
+        """Mean training loss over the last ``frac`` of the logged steps (at least one): the
+        post's "final loss", less noisy than the very last step."""
+        _, loss = self.series("step", "loss")
+        if loss.size == 0:
+            return None
+        n = max(1, int(round(loss.size * frac)))
+        return float(loss[-n:].mean())
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def count_params_of(config: dict[str, Any]) -> int | None:
+    """Parameters (embeddings included) of the model a flat config describes, by shapes only."""
+    try:
+        from linear_gpt2.config import ModelConfig
+        from linear_gpt2.model import count_params, param_shapes
+
+        fields = {f.name for f in dataclasses.fields(ModelConfig)}
+        values = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("model.")}
+        values = {k: v for k, v in values.items() if k in fields}
+        cfg = ModelConfig(**values)
+        return count_params(param_shapes(cfg), non_embedding=False)
+    except Exception:
+        return None
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """A local run directory: ``config.yaml`` (the resolved config) and ``metrics.jsonl``."""
+    d = Path(run_dir)
+    config = flatten(yaml.safe_load((d / "config.yaml").read_text()) or {})
+    records = []
+    metrics = d / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a preemption
+    name = str(config.get("log.name") or d.name)
+    return Run(name, config, records, count_params_of(config))
+
+
+def find_runs(roots: Iterable[str | Path]) -> list[Run]:
+    """Every run directory (holding ``config.yaml`` and ``metrics.jsonl``) at or under
+    ``roots``, sorted by (family, context, name)."""
+    dirs: list[Path] = []
+    for root in roots:
+        root = Path(root)
+        if (root / "metrics.jsonl").exists():
+            dirs.append(root)
+        else:
+            dirs.extend(p.parent for p in sorted(root.rglob("metrics.jsonl")))
+    runs = [load_run(d) for d in dict.fromkeys(dirs) if (d / "config.yaml").exists()]
+    return sorted(runs, key=lambda r: (r.size, r.family, r.context, r.name))
+
+
+def load_wandb_runs(project: str, group: str | None = None, entity: str | None = None) -> list[Run]:
+    """Runs of a wandb project (optionally one ``log.wandb_group``) through the public API; needs
+    network and a wandb login. The trainer logs the config as dotted keys and ``step`` as the
+    x-axis, so the records look like ``metrics.jsonl``'s."""
+    import wandb
+
+    api = wandb.Api()
+    path = f"{entity}/{project}" if entity else project
+    filters = {"group": group} if group else None
+    runs = []
+    for wr in api.runs(path, filters=filters):
+        config = {k: v for k, v in dict(wr.config).items() if not k.startswith("_")}
+        records = list(wr.scan_history(keys=["step", "loss", "hours"]))
+        runs.append(Run(wr.name, config, records, count_params_of(config)))
+    return runs
+
+
+def ema(y: np.ndarray, alpha: float) -> np.ndarray:
+    """Exponential moving average (``alpha`` = weight of history, 0 = no smoothing), debiased
+    at the start like TensorBoard's smoothing."""
+    if alpha <= 0 or y.size == 0:
+        return y
+    out, acc, w = np.empty_like(y), 0.0, 0.0
+    for i, v in enumerate(y):
+        acc, w = alpha * acc + (1 - alpha) * v, alpha * w + (1 - alpha)
+        out[i] = acc / w
+    return out
+
+
+def plot_learning_curves(
+    runs: Sequence[Run], path: str | Path, smooth: float = 0.9, title: str | None = None
+) -> Path:
+    """The post's learning figure: loss against steps (left) and hours (right), one colour per
+    context, solid for linear attention and dashed for softmax."""
+    plt = _plt()
+    contexts = sorted({r.context for r in runs})
+    cmap = plt.get_cmap("viridis")
+    colors = {c: cmap(i / max(1, len(contexts) - 1)) for i, c in enumerate(contexts)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, x in zip(axes, ("step", "hours")):
+        for r in runs:
+            xs, ys = r.series(x, "loss")
+            if xs.size == 0:
+                continue
+            ls = "--" if r.family == "softmax" else "-"
+            label = f"{r.family} ({r.attention}), ctx {context_label(r.context)}"
+            ax.plot(xs, ema(ys, smooth), ls, color=colors[r.context], lw=1.3, label=label)
+        ax.set_xlabel("update steps" if x == "step" else "hours")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("training loss" + (f" (EMA {smooth})" if smooth > 0 else ""))
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[1].legend(handles, labels, fontsize=7)
+    fig.suptitle(title or "loss: linear (solid) vs softmax (dashed), by context")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def final_loss_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """One row per run: name, size, params, context, attention, family, steps, hours, final
+    loss."""
+    rows = []
+    for r in runs:
+        steps, _ = r.series("step", "loss")
+        hours, _ = r.series("hours", "loss")
+        rows.append(
+            dict(
+                name=r.name,
+                size=r.size,
+                n_params=r.n_params,
+                context=r.context,
+                attention=r.attention,
+                family=r.family,
+                steps=int(steps[-1]) if steps.size else 0,
+                hours=float(hours[-1]) if hours.size else None,
+                final_loss=r.final_loss(),
+            )
+        )
+    return rows
+
+
+def plot_final_loss_vs_params(
+    runs: Sequence[Run], path: str | Path, title: str | None = None
+) -> Path:
+    """Final training loss against parameter count (log x), one colour per context, solid
+    circles for linear and dashed squares for softmax (the post's scaling figure)."""
+    plt = _plt()
+    rows = [r for r in final_loss_table(runs) if r["final_loss"] is not None and r["n_params"]]
+    contexts = sorted({r["context"] for r in rows})
+    cmap = plt.get_cmap("viridis")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, ctx in enumerate(contexts):
+        color = cmap(i / max(1, len(contexts) - 1))
+        for fam, style in (("linear", "o-"), ("softmax", "s--")):
+            pts = sorted(
+                (r["n_params"], r["final_loss"])
+                for r in rows
+                if r["context"] == ctx and r["family"] == fam
+            )
+            if pts:
+                ax.plot(*zip(*pts), style, color=color, label=f"{fam}, ctx {context_label(ctx)}")
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("final training loss")
+    ax.grid(alpha=0.3, which="both")
+    if rows:
+        ax.legend(fontsize=7)
+    ax.set_title(title or "final loss vs model size")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

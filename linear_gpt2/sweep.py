@@ -1,0 +1,296 @@
+"""Sweeps: many training runs from one base config, a grid and/or a list of points.
+
+A sweep file (YAML, see ``configs/sweeps/``)::
+
+    name: post-learning-124M        # wandb group (log.wandb_group) and default out_dir runs/<name>
+    base: ../post/base.yaml         # the base config, relative to this file
+    out_dir: runs/post-learning     # optional; run directories are out_dir/<run name>
+    overrides:                      # dotted keys fixed for every point
+      model.preset: 124M
+      model.block_size: ${data.context}   # OmegaConf interpolation: follows the context
+    grid:                           # cartesian product over dotted keys (in this order)
+      data.context: [1024, 4096]
+      attention.name: [flash, LT_chunked]
+    points:                         # explicit points (dicts of overrides); with a grid, each
+      - {train.micro_batch: 8}      # point is combined with every grid entry
+    name_keys: [data.context, attention.name]   # optional: which keys name the runs
+    slurm: {gpus_per_node: 8, time: "24:00:00"} # optional: sbatch options for --slurm
+
+Each point becomes overrides for :func:`linear_gpt2.config.load_config`, plus ``log.name`` (built
+from the keys that vary across points, e.g. ``ctx4096_LT_chunked_c64``), ``log.run_dir`` and
+``log.wandb_group`` (the sweep's name, so wandb groups the runs). A point is *done* when its run
+directory holds the ``DONE`` marker (written when ``train`` returns having reached
+``train.max_steps`` or ``train.max_hours``) or a checkpoint at ``max_steps``; done points are
+skipped when a sweep is run again, and unfinished ones resume from their last checkpoint
+(``checkpoint.resume: auto``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from linear_gpt2.config import Config, ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+DONE = "DONE"
+SWEEP_KEYS = {"name", "base", "out_dir", "overrides", "grid", "points", "name_keys", "slurm"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One run of a sweep: its index, run name, and the overrides that define it."""
+
+    index: int
+    name: str
+    values: dict[str, Any]  # the point's own keys (grid entry + explicit point)
+    overrides: tuple[str, ...]  # everything passed to load_config after the base file
+
+
+@dataclasses.dataclass
+class Sweep:
+    path: Path
+    name: str
+    base: Path
+    out_dir: Path
+    overrides: dict[str, Any]
+    points: list[Point]
+    slurm: dict[str, Any]
+
+
+def format_value(v: Any) -> str:
+    """A value as the right-hand side of a ``key=value`` override (OmegaConf reads YAML)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return yaml.safe_dump(v, default_flow_style=True).strip()
+
+
+# Short names for the keys that usually vary, so run names read like ctx4096_LT_chunked_c64.
+NAME_PREFIX = {
+    "data.context": "ctx",
+    "attention.name": "",
+    "attention.chunk_size": "c",
+    "model.preset": "",
+    "train.micro_batch": "mb",
+    "train.lr": "lr",
+    "seed": "seed",
+}
+
+
+def name_part(key: str, value: Any) -> str:
+    prefix = NAME_PREFIX.get(key, key.rsplit(".", 1)[-1])
+    text = format_value(value)
+    safe = "".join(c if c.isalnum() or c in "-._" else "-" for c in text).strip("-")
+    return f"{prefix}{safe}"
+
+
+def expand(grid: dict[str, list[Any]] | None, points: list[dict[str, Any]] | None):
+    """The sweep's points as dicts of dotted keys: the cartesian product of the grid (keys in
+    order) combined with each explicit point (explicit values win)."""
+    grid = grid or {}
+    for k, v in grid.items():
+        if not isinstance(v, list) or not v:
+            raise ConfigError(f"sweep grid: {k} must be a non-empty list, got {v!r}")
+    combos = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())] or [{}]
+    explicit = points or [{}]
+    for p in explicit:
+        if not isinstance(p, dict):
+            raise ConfigError(f"sweep points: each point is a mapping of overrides, got {p!r}")
+    return [{**g, **p} for p in explicit for g in combos]
+
+
+def load_sweep(path: str | Path, extra: list[str] | tuple[str, ...] = ()) -> Sweep:
+    """Read a sweep file; ``extra`` overrides (``key=value``) apply to every point, last."""
+    path = Path(path)
+    spec = yaml.safe_load(path.read_text()) or {}
+    unknown = set(spec) - SWEEP_KEYS
+    if unknown:
+        raise ConfigError(
+            f"sweep {path}: unknown key(s) {sorted(unknown)}; valid: {sorted(SWEEP_KEYS)}"
+        )
+    if "base" not in spec:
+        raise ConfigError(f"sweep {path}: needs 'base', the config file the points override")
+    name = str(spec.get("name") or path.stem)
+    base = (path.parent / spec["base"]).resolve()
+    # Absolute, so that subprocesses, SLURM tasks (which cd to the repository) and a later
+    # rerun from elsewhere all find the same run directories.
+    out_dir = Path(spec.get("out_dir") or f"runs/{name}").absolute()
+    fixed = dict(spec.get("overrides") or {})
+    values = expand(spec.get("grid"), spec.get("points"))
+    varying = [k for k in dict.fromkeys(k for v in values for k in v) if _varies(k, values)]
+    name_keys = list(spec.get("name_keys") or varying)
+    points = []
+    seen: dict[str, int] = {}
+    for i, v in enumerate(values):
+        named = {**fixed, **v}  # name_keys may name a fixed key too (ctx16384_LT_chunked_c64)
+        run = "_".join(name_part(k, named[k]) for k in name_keys if k in named) or f"point{i}"
+        if run in seen:
+            raise ConfigError(
+                f"sweep {path}: points {seen[run]} and {i} would both be named {run!r}; add the "
+                "key that tells them apart to name_keys"
+            )
+        seen[run] = i
+        overrides = (
+            *(f"{k}={format_value(x)}" for k, x in fixed.items()),
+            *(f"{k}={format_value(x)}" for k, x in v.items()),
+            f"log.name={run}",
+            f"log.run_dir={out_dir / run}",
+            f"log.wandb_group={name}",
+            *extra,
+        )
+        points.append(Point(i, run, v, overrides))
+    return Sweep(path, name, base, out_dir, fixed, points, dict(spec.get("slurm") or {}))
+
+
+def _varies(key: str, values: list[dict[str, Any]]) -> bool:
+    seen = {json.dumps(v.get(key, "<unset>"), sort_keys=True, default=str) for v in values}
+    return len(seen) > 1
+
+
+def point_config(sweep: Sweep, point: Point) -> Config:
+    return load_config(sweep.base, list(point.overrides))
+
+
+def is_done(cfg: Config) -> bool:
+    """The run reached its end: a ``DONE`` marker, or a checkpoint at ``train.max_steps``."""
+    run_dir = Path(cfg.log.run_dir)
+    return (run_dir / DONE).exists() or (
+        run_dir / "checkpoints" / str(cfg.train.max_steps)
+    ).is_dir()
+
+
+def train_command(sweep: Sweep, point: Point) -> list[str]:
+    """The equivalent ``scripts/train.py`` command line (to run a point by hand elsewhere)."""
+    return [sys.executable, str(REPO / "scripts" / "train.py"), str(sweep.base), *point.overrides]
+
+
+def point_command(sweep: Sweep, point: Point, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """``scripts/sweep.py SWEEP --point I``: runs one point with the skip check and marker."""
+    return [
+        sys.executable,
+        str(REPO / "scripts" / "sweep.py"),
+        str(sweep.path),
+        "--point",
+        str(point.index),
+        *extra,
+    ]
+
+
+def run_point(sweep: Sweep, point: Point) -> str:
+    """Train one point in this process unless it is done. Returns ``skipped``, or the trainer's
+    ``stopped_by`` (``max_steps``, ``max_hours``, ``signal``). Writes ``DONE`` when finished."""
+    import jax
+
+    from linear_gpt2.trainer import train
+
+    cfg = point_config(sweep, point)
+    if is_done(cfg):
+        return "skipped"
+    result = train(cfg)
+    if result.stopped_by in ("max_steps", "max_hours") and jax.process_index() == 0:
+        marker = {
+            "step": result.last_step,
+            "stopped_by": result.stopped_by,
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (Path(cfg.log.run_dir) / DONE).write_text(json.dumps(marker) + "\n")
+    return result.stopped_by
+
+
+def run_sweep(
+    sweep: Sweep,
+    *,
+    in_process: bool = False,
+    extra: list[str] | tuple[str, ...] = (),
+    log=print,
+) -> dict[str, str]:
+    """Run every point in turn; returns ``{run name: outcome}``. Outcomes: ``skipped`` (done
+    before), ``max_steps``/``max_hours``/``signal`` (in process), ``ok`` (subprocess), or
+    ``failed (...)``. A failing point (an OOM, say) does not stop the others; every point's
+    config is checked before the first one trains.
+
+    By default each point is a subprocess (``scripts/sweep.py SWEEP --point I``): a point that
+    runs out of memory or crashes cannot leave device memory or JAX state behind for the next.
+    ``in_process`` trains in this process (fast for tiny sweeps and tests).
+    """
+    outcomes: dict[str, str] = {}
+    configs = [point_config(sweep, p) for p in sweep.points]  # every point valid before training
+    for p, cfg in zip(sweep.points, configs):
+        if is_done(cfg):
+            outcomes[p.name] = "skipped"
+            log(f"[{p.index}] {p.name}: done, skipped")
+            continue
+        log(f"[{p.index}] {p.name}: running")
+        if in_process:
+            try:
+                outcomes[p.name] = run_point(sweep, p)
+            except Exception as e:  # an OOM or a NaN stop: record it, go on with the next
+                outcomes[p.name] = f"failed ({type(e).__name__}: {str(e).splitlines()[0]})"
+        else:
+            rc = subprocess.run(point_command(sweep, p, extra), cwd=Path.cwd()).returncode
+            outcomes[p.name] = "ok" if rc == 0 else f"failed (exit {rc})"
+        log(f"[{p.index}] {p.name}: {outcomes[p.name]}")
+    return outcomes
+
+
+def dry_run(sweep: Sweep) -> list[tuple[Point, bool, list[str]]]:
+    """``(point, done, train command)`` for every point, without running anything."""
+    return [(p, is_done(point_config(sweep, p)), train_command(sweep, p)) for p in sweep.points]
+
+
+def slurm_script(sweep: Sweep, extra: list[str] | tuple[str, ...] = ()) -> str:
+    """An ``sbatch`` array script with one task per unfinished point; each task runs
+    ``scripts/sweep.py SWEEP --point $SLURM_ARRAY_TASK_ID`` (one process per node, as the
+    trainer expects; it re-checks the done marker, so a requeued task that finished exits at
+    once). ``slurm:`` in the sweep file sets ``nodes``, ``gpus_per_node``, ``time``,
+    ``partition``, ``account``, ``max_parallel`` and ``python``."""
+    todo = [p for p in sweep.points if not is_done(point_config(sweep, p))]
+    s = {"nodes": 1, "gpus_per_node": 8, "time": "24:30:00", **sweep.slurm}
+    python = s.get("python", "python")
+    array = ",".join(str(p.index) for p in todo) or "none"
+    if todo and s.get("max_parallel"):
+        array += f"%{s['max_parallel']}"
+    log_dir = sweep.out_dir / "slurm"
+    lines = [
+        "#!/bin/bash",
+        f"# Sweep {sweep.name} ({sweep.path}): {len(todo)} of {len(sweep.points)} points to run.",
+        *(f"#   {p.index}: {p.name}" for p in todo),
+        f"#SBATCH --job-name={sweep.name}",
+        f"#SBATCH --array={array}",
+        f"#SBATCH --nodes={s['nodes']}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={s['gpus_per_node']}",
+        f"#SBATCH --time={s['time']}",
+        "#SBATCH --signal=TERM@120        # the trainer checkpoints and exits; --requeue resumes",
+        "#SBATCH --requeue",
+        f"#SBATCH --output={log_dir}/%x_%A_%a.out",
+    ]
+    for key in ("partition", "account", "qos"):
+        if s.get(key):
+            lines.append(f"#SBATCH --{key}={s[key]}")
+    cmd = [python, "scripts/sweep.py", str(sweep.path), "--point", "$SLURM_ARRAY_TASK_ID"]
+    extra_q = " ".join(shlex.quote(e) for e in extra)
+    lines += [
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(REPO))}",
+        f"mkdir -p {shlex.quote(str(log_dir))}",
+        " ".join(["srun", *cmd]) + (f" {extra_q}" if extra_q else ""),
+    ]
+    if not todo:
+        lines.insert(1, "# every point is done: nothing to submit")
+    return "\n".join(lines) + "\n"

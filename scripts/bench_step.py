@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Time one full training step (forward, backward, AdamW) per attention x model size x context.
+
+    python scripts/bench_step.py                              # every attention, 124M, 1k.. OOM
+    python scripts/bench_step.py --sizes 124M 355M --attentions flash LT_chunked
+    python scripts/bench_step.py --tiny                       # CPU smoke run, every attention
+    python scripts/bench_step.py --tiny --max-bytes 3000000   # simulate a small device
+
+Batch 1, bf16 matmuls (``model.dtype=bfloat16``), median of ``--repeats`` steps after
+``--warmup``, timed after ``block_until_ready``. Contexts are powers of two from ``--min-context``
+until a setting runs out of memory (XLA RESOURCE_EXHAUSTED), which is recorded as that
+(attention, size)'s limit; larger contexts are then skipped. ``--max-bytes N`` treats a setting
+whose compiled step needs more than N bytes (XLA ``memory_analysis()``: arguments + outputs +
+temporaries - donated aliases) as out of memory, recorded the same way (``oom_reason`` says
+"simulated"). LT_chunked is timed at each of ``--chunk-sizes`` that divides the context and the
+fastest is kept.
+
+Writes ``STEM.csv`` and ``STEM.json`` (device kind, git commit, jax version, raw times, limits,
+slopes) and ``STEM_<size>.png`` (log-log, one line per attention, OOM marked, fitted slopes in
+the legend) into ``--out`` (default ``benchmarks/results``); STEM is ``step_time_<device>``.
+``--tiny`` (and ``--fast-compile``) compile with XLA's CPU backend at -O0, which halves compile
+time where compilation dominates; its times are for checking the pipeline, not for reporting
+(``--tiny --full-compile`` times the tiny model as optimised for real).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from linear_gpt2 import attention, bench, plots  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--attentions", nargs="+", default=None, help="default: every registered name")
+    p.add_argument("--sizes", nargs="+", default=None, help=f"of {', '.join(bench.SIZES)}")
+    p.add_argument("--contexts", nargs="+", type=int, default=None, help="explicit contexts")
+    p.add_argument("--min-context", type=int, default=1024)
+    p.add_argument("--max-context", type=int, default=2**20)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--chunk-sizes", nargs="+", type=int, default=None)
+    p.add_argument("--max-bytes", type=int, default=None, help="simulated device memory (bytes)")
+    p.add_argument("--tiny", action="store_true", help="tiny model, short contexts: CPU smoke run")
+    p.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"))
+    p.add_argument("--stem", default=None, help="output file stem (default step_time_<device>)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument(
+        "--fast-compile",
+        action="store_true",
+        help="XLA -O0 (halves CPU compile time; on with --tiny; not for reported timings)",
+    )
+    p.add_argument(
+        "--full-compile", action="store_true", help="with --tiny: optimise as for real timings"
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = args.attentions or attention.names()
+    if args.tiny:
+        sizes = args.sizes or ["tiny"]
+        contexts = args.contexts or list(bench.TINY_CONTEXTS)
+        chunks = args.chunk_sizes or list(bench.TINY_CHUNK_CANDIDATES)
+        warmup, repeats = min(args.warmup, 1), min(args.repeats, 3)
+    else:
+        sizes = args.sizes or ["124M"]
+        contexts = args.contexts or bench.default_contexts(args.min_context, args.max_context)
+        chunks = args.chunk_sizes or list(bench.CHUNK_CANDIDATES)
+        warmup, repeats = args.warmup, args.repeats
+    fast = args.fast_compile or (args.tiny and not args.full_compile)
+    env = bench.environment()
+    stem = args.stem or (
+        f"step_time_{'tiny_' if args.tiny else ''}{bench.device_slug(env['device_kind'])}"
+    )
+    print(f"device {env['device_kind']} | jax {env['jax_version']} | commit {env['git_commit']}")
+
+    def report(r: bench.StepResult) -> None:
+        what = (
+            f"{r.median_ms:9.2f} ms" + (f" (chunk {r.chunk_size})" if r.chunk_size else "")
+            if r.status == "ok"
+            else f"{r.status.upper()}: {r.oom_reason or r.error}"
+        )
+        print(f"{r.size:>5} {r.attention:<31} {r.context:>8}  {what}", flush=True)
+
+    results = bench.run_benchmark(
+        names,
+        sizes,
+        contexts,
+        on_result=report,
+        batch=args.batch,
+        dtype=args.dtype,
+        warmup=warmup,
+        repeats=repeats,
+        max_bytes=args.max_bytes,
+        chunk_sizes=chunks,
+        compiler_options=bench.FAST_COMPILE if fast else None,
+    )
+    meta = {
+        "environment": env,
+        "settings": {
+            "batch": args.batch,
+            "dtype": args.dtype,
+            "warmup": warmup,
+            "repeats": repeats,
+            "max_bytes": args.max_bytes,
+            "chunk_candidates": chunks,
+            "compiler_options": bench.FAST_COMPILE if fast else None,
+            "contexts": contexts,
+            "sizes": {s: bench.SIZES[s] for s in sizes},
+            "step": "make_train_step + optim.optimizer (clip, AdamW), state donated",
+        },
+    }
+    csv_path, json_path = bench.write_results(results, args.out, stem, meta)
+    print(f"wrote {csv_path} and {json_path}")
+    if not args.no_plot:
+        rows = [bench.dataclasses.asdict(r) for r in results]
+        for size in sizes:
+            png = plots.plot_step_times(
+                rows,
+                size,
+                Path(args.out) / f"{stem}_{size}.png",
+                title=f"GPT-2 {size}, batch 1, {args.dtype}: ms per training step "
+                f"({env['device_kind']})",
+            )
+            print(f"wrote {png}")
+    for name, per_size in bench.limits(results).items():
+        for size, lim in per_size.items():
+            if lim["oom_at"] or lim["error_at"]:
+                print(
+                    f"limit {size} {name}: max context {lim['max_context']}, OOM at "
+                    f"{lim['oom_at']}, error at {lim['error_at']}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+#!/usr/bin/env python
+"""The post's learning figures from training runs.
+
+    python scripts/plot_runs.py runs/post-learning-124M runs/post-learning-355M --out figures/
+    python scripts/plot_runs.py --wandb-project linear_gpt2 --wandb-group post-learning-124M
+
+Runs come from local directories (each run directory holds ``config.yaml`` and
+``metrics.jsonl``; a directory of runs is searched recursively) or from a wandb project through
+its API (needs network and ``wandb login``). Writes into ``--out``:
+
+- ``learning_curves_<size>.png``: loss against update steps and against hours, one colour per
+  context, solid = linear attention, dashed = softmax (one figure per model size);
+- ``final_loss_vs_params.png``: final loss against parameter count, one line per context and
+  attention family;
+- ``final_loss.md``: the table behind it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from linear_gpt2 import plots  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("runs", nargs="*", help="run directories or directories of runs")
+    p.add_argument("--wandb-project", default=None)
+    p.add_argument("--wandb-group", default=None)
+    p.add_argument("--wandb-entity", default=None)
+    p.add_argument("--smooth", type=float, default=0.9, help="EMA weight of history (0 = raw)")
+    p.add_argument("--out", default="figures")
+    args = p.parse_args(argv)
+    runs = plots.find_runs(args.runs) if args.runs else []
+    if args.wandb_project:
+        runs += plots.load_wandb_runs(args.wandb_project, args.wandb_group, args.wandb_entity)
+    if not runs:
+        print("no runs found (give run directories or --wandb-project)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    for size in dict.fromkeys(r.size for r in runs):
+        group = [r for r in runs if r.size == size]
+        path = plots.plot_learning_curves(
+            group,
+            out / f"learning_curves_{size}.png",
+            smooth=args.smooth,
+            title=f"GPT-2 {size}: linear (solid) vs softmax (dashed), by context",
+        )
+        print(f"wrote {path} ({len(group)} runs)")
+    print(f"wrote {plots.plot_final_loss_vs_params(runs, out / 'final_loss_vs_params.png')}")
+    rows = plots.final_loss_table(runs)
+    lines = ["| run | size | context | attention | steps | hours | final loss |", "|---" * 7 + "|"]
+    for r in rows:
+        hours = f"{r['hours']:.1f}" if r["hours"] is not None else ""
+        loss = f"{r['final_loss']:.4f}" if r["final_loss"] is not None else ""
+        lines.append(
+            f"| {r['name']} | {r['size']} | {r['context']} | {r['attention']} | {r['steps']} | "
+            f"{hours} | {loss} |"
+        )
+    (out / "final_loss.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""The analysis notebooks execute on the fixture results (so they cannot rot), and
+scripts/plot_runs.py draws the learning figures from run directories."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from linear_gpt2 import plots
+from tests.test_experiments_bench import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+@pytest.fixture
+def kernel(tmp_path, monkeypatch):
+    """A kernelspec for this interpreter in a private Jupyter path: the notebooks run with the
+    project's venv whatever other kernels the machine has registered."""
+    spec = tmp_path / "jupyter" / "kernels" / "linear_gpt2_test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "linear_gpt2 tests",
+                "language": "python",
+            }
+        )
+    )
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    return "linear_gpt2_test"
+
+
+def execute(name: str, kernel: str, tmp_path: Path, **env: str):
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    figs = tmp_path / "figs"
+    old = dict(os.environ)
+    os.environ.update(NOTEBOOK_FIG_DIR=str(figs), **env)
+    try:
+        client = nbclient.NotebookClient(
+            nb,
+            timeout=120,
+            kernel_name=kernel,
+            resources={"metadata": {"path": str(ROOT / "notebooks")}},
+        )
+        client.execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return nb, figs
+
+
+def outputs(nb) -> str:
+    text = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            text.append(out.get("text", ""))
+            text.extend(str(v) for v in out.get("data", {}).values())
+    return "\n".join(text)
+
+
+def test_step_time_notebook(kernel, tmp_path):
+    nb, figs = execute(
+        "step_time_analysis.ipynb",
+        kernel,
+        tmp_path,
+        STEP_TIME_RESULTS=str(FIXTURES / "step_time_post_124M.json"),
+        SAMPLE_TIME_RESULTS=str(FIXTURES / "sample_time_post.json"),
+    )
+    text = outputs(nb)
+    assert "OOM" in text and "LT_chunked" in text and "31.80x" in text  # 70630 / 2221 at 512k
+    assert (figs / "step_time_124M.png").exists() and (figs / "sample_time_124M.png").exists()
+
+
+def test_loss_curves_notebook(kernel, tmp_path):
+    nb, figs = execute(
+        "loss_curves.ipynb", kernel, tmp_path, LEARNING_RUNS=str(FIXTURES / "learning_runs")
+    )
+    text = outputs(nb)
+    assert "8 runs" in text and "| 124M | 1k |" in text
+    assert (figs / "learning_124M.png").exists() and (figs / "final_loss_vs_params.png").exists()
+
+
+def test_plot_runs_script(tmp_path):
+    script = load_script("plot_runs")
+    out = tmp_path / "figs"
+    assert script.main([str(FIXTURES / "learning_runs"), "--out", str(out)]) == 0
+    for name in (
+        "learning_curves_124M.png",
+        "learning_curves_355M.png",
+        "final_loss_vs_params.png",
+    ):
+        assert (out / name).stat().st_size > 0
+    runs = plots.find_runs([FIXTURES / "learning_runs"])
+    assert len(runs) == 8 and {r.size for r in runs} == {"124M", "355M"}
+    by = {(r.size, r.context, r.family): r for r in runs}
+    # The fixtures decay towards the post's final losses (e.g. 124M, 1k: 3.207 vs 3.296).
+    assert by[("124M", 1024, "softmax")].final_loss() == pytest.approx(3.207, abs=0.05)
+    assert by[("124M", 1024, "linear")].final_loss() == pytest.approx(3.296, abs=0.05)
+    assert by[("355M", 4096, "linear")].n_params > by[("124M", 4096, "linear")].n_params
+    assert script.main([str(tmp_path / "nothing"), "--out", str(out)]) == 2

@@ -1,0 +1,140 @@
+"""Sweeps: grid/point expansion and run names, a 2 x 2 sweep that trains and is skipped when
+run again, the dry run, and the SLURM array script."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from linear_gpt2 import sweep as sweep_lib
+from linear_gpt2.config import ConfigError
+from tests.test_experiments_bench import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# configs/default.yaml shrunk: one layer, random tokens, two updates of 64 tokens.
+TINY = {
+    "model.n_layer": 1,
+    "model.n_head": 2,
+    "model.n_embd": 32,
+    "model.block_size": 32,
+    "data.source": "synthetic",
+    "train.tokens_per_update": 64,
+    "train.micro_batch": 2,
+    "train.max_steps": 2,
+    "train.warmup_steps": 1,
+    "attention.chunk_size": 8,
+    "log.eval_every": 0,
+    "log.wandb": "disabled",
+    "checkpoint.async_save": False,
+}
+
+
+def write_sweep(tmp_path: Path, **spec) -> Path:
+    path = tmp_path / "sweep.yaml"
+    spec = {
+        "name": "test-sweep",
+        "base": str(ROOT / "configs" / "default.yaml"),
+        "out_dir": str(tmp_path / "runs"),
+        "overrides": TINY,
+        **spec,
+    }
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_two_by_two_sweep_runs_then_skips(tmp_path, capsys):
+    path = write_sweep(
+        tmp_path, grid={"data.context": [16, 32], "attention.name": ["softmax", "LT_chunked"]}
+    )
+    sweep = sweep_lib.load_sweep(path)
+    names = [p.name for p in sweep.points]
+    assert names == ["ctx16_softmax", "ctx16_LT_chunked", "ctx32_softmax", "ctx32_LT_chunked"]
+
+    outcomes = sweep_lib.run_sweep(sweep, in_process=True, log=lambda *a: None)
+    assert outcomes == dict.fromkeys(names, "max_steps")
+    for p in sweep.points:
+        run = tmp_path / "runs" / p.name
+        assert json.loads((run / "DONE").read_text())["step"] == 2
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        assert cfg["log"]["name"] == p.name and cfg["log"]["wandb_group"] == "test-sweep"
+        assert cfg["data"]["context"] == p.values["data.context"]
+        assert cfg["attention"]["name"] == p.values["attention.name"]
+        assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    stamps = {n: (tmp_path / "runs" / n / "metrics.jsonl").stat().st_mtime_ns for n in names}
+
+    # Run again through the command line: every point is done, nothing trains.
+    script = load_script("sweep")
+    capsys.readouterr()
+    assert script.main([str(path), "--in-process"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("done, skipped") == 4, out
+    assert stamps == {
+        n: (tmp_path / "runs" / n / "metrics.jsonl").stat().st_mtime_ns for n in names
+    }
+    assert script.main([str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("] done ") == 4 and "scripts/train.py" in out
+
+    # A finished run without its marker (killed after the last checkpoint) is done too.
+    (tmp_path / "runs" / "ctx16_softmax" / "DONE").unlink()
+    assert sweep_lib.is_done(sweep_lib.point_config(sweep, sweep.points[0]))
+    # The SLURM script only lists unfinished points: here none.
+    assert "nothing to submit" in sweep_lib.slurm_script(sweep)
+
+
+def test_grid_times_points_names_and_slurm(tmp_path):
+    path = write_sweep(
+        tmp_path,
+        overrides={**TINY, "attention.name": "LT_chunked"},
+        grid={"attention.chunk_size": [8, 16]},
+        points=[{"data.context": 16, "train.micro_batch": 1}, {"data.context": 32}],
+        name_keys=["data.context", "attention.name", "attention.chunk_size"],
+        slurm={"gpus_per_node": 4, "partition": "gpu", "max_parallel": 2},
+    )
+    sweep = sweep_lib.load_sweep(path, ["train.max_steps=5"])
+    assert [p.name for p in sweep.points] == [
+        "ctx16_LT_chunked_c8",
+        "ctx16_LT_chunked_c16",
+        "ctx32_LT_chunked_c8",
+        "ctx32_LT_chunked_c16",
+    ]
+    p = sweep.points[1]
+    assert p.values == {"attention.chunk_size": 16, "data.context": 16, "train.micro_batch": 1}
+    assert p.overrides[-1] == "train.max_steps=5"  # command-line overrides apply last
+    cfg = sweep_lib.point_config(sweep, p)
+    assert (cfg.attention.chunk_size, cfg.train.micro_batch, cfg.train.max_steps) == (16, 1, 5)
+    assert cfg.log.run_dir == str(tmp_path / "runs" / "ctx16_LT_chunked_c16")
+
+    script = sweep_lib.slurm_script(sweep, ["train.max_steps=5"])
+    assert "#SBATCH --array=0,1,2,3%2" in script
+    assert "#SBATCH --gpus-per-node=4" in script and "#SBATCH --partition=gpu" in script
+    assert "--point $SLURM_ARRAY_TASK_ID train.max_steps=5" in script
+    assert "#   3: ctx32_LT_chunked_c16" in script
+
+    # Without name_keys the name uses the keys that vary.
+    path = write_sweep(tmp_path, grid={"data.context": [16, 32]}, points=[{"seed": 1}])
+    assert [p.name for p in sweep_lib.load_sweep(path).points] == ["ctx16", "ctx32"]
+
+
+def test_sweep_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key"):
+        sweep_lib.load_sweep(write_sweep(tmp_path, gird={"seed": [1]}))
+    with pytest.raises(ConfigError, match="would both be named"):
+        sweep_lib.load_sweep(
+            write_sweep(tmp_path, grid={"seed": [1, 2]}, name_keys=["model.n_layer"])
+        )
+    # A bad point fails before anything trains, naming the key.
+    sweep = sweep_lib.load_sweep(write_sweep(tmp_path, grid={"data.context": [16, 64]}))
+    with pytest.raises(ConfigError, match="block_size"):
+        sweep_lib.run_sweep(sweep, in_process=True, log=lambda *a: None)
+
+
+def test_shipped_sweeps_resolve():
+    for path in sorted((ROOT / "configs" / "sweeps").glob("*.yaml")):
+        sweep = sweep_lib.load_sweep(path)
+        for p in sweep.points:
+            sweep_lib.point_config(sweep, p)  # every point is a valid config
+    chunk = sweep_lib.load_sweep(ROOT / "configs" / "sweeps" / "chunk_size.yaml")
+    assert chunk.points[1].name == "ctx16384_LT_chunked_c64"
