@@ -32,7 +32,7 @@ train: setup
 	$(PY) scripts/train.py configs/default.yaml $(ARGS)
 
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=15
 
 test-fast: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
