@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2 import attention  # noqa: E402
+from linear_gpt2.memory import attention_temp_bytes  # noqa: E402
 
 # Asymptotic cost per head, for the table (T: sequence length, D: head dim, c: chunk size).
 COST = {
@@ -47,16 +47,6 @@ def options_for(name: str, chunk_size: int) -> dict:
     return opts
 
 
-def temp_bytes(fn, shape, backward: bool) -> int:
-    x = jax.ShapeDtypeStruct(shape, jnp.float32)
-    if backward:
-        f = lambda q, k, v, dy: jax.vjp(fn, q, k, v)[1](dy)
-        args = (x, x, x, x)
-    else:
-        f, args = fn, (x, x, x)
-    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-
 def measure(B: int, Ts: list[int], H: int, D: int, c: int, names: list[str], scan: str = "cumsum"):
     """``[(name, [(forward, forward+backward) temp bytes for each T], note)]``."""
     rows = []
@@ -68,8 +58,8 @@ def measure(B: int, Ts: list[int], H: int, D: int, c: int, names: list[str], sca
             continue
         sizes = []
         for T in Ts:
-            fwd = temp_bytes(fn, (B, T, H, D), backward=False)
-            bwd = temp_bytes(fn, (B, T, H, D), backward=True)
+            fwd = attention_temp_bytes(fn, (B, T, H, D), backward=False)
+            bwd = attention_temp_bytes(fn, (B, T, H, D), backward=True)
             sizes.append((fwd, bwd))
             print(
                 f"  {name} T={T}: forward {fwd / 2**20:.1f} MiB, "

@@ -23,7 +23,6 @@ import json
 import multiprocessing
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from linear_gpt2.bench import environment  # noqa: E402
 from linear_gpt2.data import TokenizedSource, c4_files, ensure_sample, prepare_split  # noqa: E402
 from linear_gpt2.data.loader import Loader  # noqa: E402
 from linear_gpt2.data.packing import doc_tokens  # noqa: E402
@@ -106,17 +106,6 @@ def machine_info() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
-            ).stdout.strip()
-        )
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = None, None
     return {
         "cpu_count": os.cpu_count(),
         "sched_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -124,8 +113,7 @@ def machine_info() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": {p: version(p) for p in ("numpy", "tiktoken", "datasets", "pyarrow", "jax")},
-        "git_commit": commit,
-        "git_dirty": dirty,
+        **environment(),
     }
 
 
@@ -173,8 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
         "# Data pipeline throughput" + (" (--tiny)" if args.tiny else ""),
         "",
         f"Machine: {result['machine']['cpu_count']} CPUs ({result['machine']['processor']}), "
-        f"Python {result['machine']['python']}, commit {result['machine']['git_commit']}"
-        + (" (dirty)" if result["machine"]["git_dirty"] else ""),
+        f"Python {result['machine']['python']}, commit {result['machine']['git_commit']}",
         f"Versions: {result['machine']['versions']}",
         "",
         f"| measurement | tokens | seconds | tokens/s | x {H100_TOKENS_PER_S // 1000}k (124M on H100) |",

@@ -31,7 +31,6 @@ import argparse
 import csv
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,29 +41,12 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2 import attention, flops, kernels  # noqa: E402
+from linear_gpt2.bench import environment  # noqa: E402
 from linear_gpt2.config import ModelConfig  # noqa: E402
+from linear_gpt2.memory import is_oom  # noqa: E402
 
 ALL_KERNELS = ("xla", "pallas", "triton", "cudnn")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parents[1],
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def is_oom(e: Exception) -> bool:
-    s = str(e)
-    return "RESOURCE_EXHAUSTED" in s or "out of memory" in s.lower() or isinstance(e, MemoryError)
 
 
 def configurations(names, chunk_size: int, include_interpret: bool):
@@ -189,13 +171,8 @@ def run(args) -> dict:
         extra, note = fla_rows(B, H, D, Ts, args.dtype, args.warmup, args.repeats)
     else:
         note = "flash-linear-attention not compared in --tiny runs"
-    device = jax.devices()[0]
     return dict(
-        device_kind=device.device_kind,
-        platform=device.platform,
-        jax_version=jax.__version__,
-        git_commit=git_commit(),
-        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **environment(),
         shape=dict(B=B, H=H, D=D, T=Ts),
         dtype=args.dtype,
         chunk_size=c,

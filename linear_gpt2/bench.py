@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_gpt2.config import PRESETS, ModelConfig, TrainConfig
+from linear_gpt2.memory import is_oom
 from linear_gpt2.model import count_params, init_params, param_shapes
 from linear_gpt2.optim import optimizer
 from linear_gpt2.plots import loglog_slope
@@ -65,14 +66,6 @@ TINY_CONTEXTS = (64, 128, 256)
 
 class SimulatedOOM(MemoryError):
     """The compiled step needs more memory than the ``max_bytes`` cap."""
-
-
-def is_oom(err: BaseException) -> bool:
-    """Whether ``err`` is a device out-of-memory (XLA's RESOURCE_EXHAUSTED) or the cap's."""
-    if isinstance(err, MemoryError):
-        return True
-    text = str(err)
-    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
 
 
 def default_contexts(start: int = 1024, stop: int = 2**20) -> list[int]:

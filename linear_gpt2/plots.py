@@ -37,6 +37,22 @@ def _plt():
     return plt
 
 
+def _save(fig, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (creating its folder) and free it."""
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    _plt().close(fig)
+    return out
+
+
+def _mark(ax, x: float, y: float, tag: str, color) -> None:
+    """An x marker with a small label (an OOM or failed setting) at ``(x, y)``."""
+    ax.plot([x], [y], "x", ms=9, mew=2, color=color)
+    ax.annotate(tag, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+
+
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Least-squares slope of log y on log x (y ~ x^slope); None for fewer than two points."""
     pts = [(a, b) for a, b in zip(x, y) if a and b and a > 0 and b > 0]
@@ -99,27 +115,14 @@ def plot_step_times(
             if y is None:
                 continue
             tag = "OOM" if r["status"] == "oom" else "error"
-            ax.plot([r["context"]], [y], "x", ms=9, mew=2, color=color)
-            ax.annotate(
-                tag,
-                (r["context"], y),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize=7,
-                color=color,
-            )
+            _mark(ax, r["context"], y, tag, color)
         if not ok and bad:
             ax.plot([], [], "x", label=f"{name} (OOM at {context_label(bad[0]['context'])})")
     _context_axis(ax, [r["context"] for r in rows])
     ax.set_ylabel("ms per training step (fwd + bwd + AdamW)")
     ax.set_title(title or f"GPT-2 {size}: time per training step, batch 1")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def plot_sample_times(
@@ -141,25 +144,12 @@ def plot_sample_times(
         (line,) = ax.plot(*zip(*pts), "o-", ms=4, label=label) if pts else ax.plot([], [])
         for ctx in oom[:1]:
             if pts:
-                ax.plot([ctx], [pts[-1][1]], "x", ms=9, mew=2, color=line.get_color())
-                ax.annotate(
-                    "OOM",
-                    (ctx, pts[-1][1]),
-                    textcoords="offset points",
-                    xytext=(4, 4),
-                    fontsize=7,
-                    color=line.get_color(),
-                )
+                _mark(ax, ctx, pts[-1][1], "OOM", line.get_color())
     _context_axis(ax, [r["context"] for r in rows])
     ax.set_ylabel("ms per sampled token")
     ax.set_title(title or "time to sample the next token")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,12 +325,7 @@ def plot_learning_curves(
     if handles:
         axes[1].legend(handles, labels, fontsize=7)
     fig.suptitle(title or "loss: linear (solid) vs softmax (dashed), by context")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def final_loss_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
@@ -393,9 +378,4 @@ def plot_final_loss_vs_params(
     if rows:
         ax.legend(fontsize=7)
     ax.set_title(title or "final loss vs model size")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, path)

@@ -254,7 +254,7 @@ def bench_next_token(
 
     Rows: ``decoder``, ``attention``, ``context``, ``median_ms``, ``times_ms``.
     """
-    from linear_gpt2.bench import is_oom
+    from linear_gpt2.memory import is_oom
 
     prepared, failed = {}, []
     for cfg in configs:

@@ -23,6 +23,7 @@ from linear_gpt2 import data as data_lib
 from linear_gpt2.config import Config, ConfigError, save_config
 from linear_gpt2.flops import device_peak_flops, flops_per_token
 from linear_gpt2.logger import RunLogger, plot_loss, read_jsonl
+from linear_gpt2.memory import is_oom
 from linear_gpt2.model import count_params, init_params
 from linear_gpt2.optim import lr_at, optimizer
 from linear_gpt2.sharding import (
@@ -77,11 +78,6 @@ def plan_batches(cfg: Config, devices: int, processes: int) -> BatchPlan:
             f"try {hint}"
         )
     return BatchPlan(seqs, seqs // per_micro, mb, devices, processes)
-
-
-def _is_oom(err: Exception) -> bool:
-    text = str(err)
-    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
 
 
 def _oom_message(cfg: Config, plan: BatchPlan, n_params: int) -> str:
@@ -231,7 +227,7 @@ def train(cfg: Config) -> RunResult:
                     state, metrics = train_step(state, inputs, targets, rng)
                     metrics = jax.device_get(metrics)  # waits for the device: the time is real
                 except Exception as e:
-                    if _is_oom(e):
+                    if is_oom(e):
                         raise MemoryError(_oom_message(cfg, plan, n_params)) from e
                     raise
                 dt = time.perf_counter() - t0

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from linear_gpt2 import attention
 from linear_gpt2.attention import linear, lt_attention_parallel
+from linear_gpt2.memory import attention_temp_bytes
 from tests.helpers import rel_err
 
 LINEAR = (
@@ -368,27 +369,17 @@ def test_every_linear_variant_has_the_shared_decoder():
 # Memory of LT_state_parallel: T D^2 floats per head, forward and backward
 
 
-def compiled_temp_bytes(fn, shape, backward):
-    x = jax.ShapeDtypeStruct(shape, jnp.float32)
-    if backward:
-        f = lambda q, k, v, dy: jax.vjp(fn, q, k, v)[1](dy)
-        args = (x, x, x, x)
-    else:
-        f, args = fn, (x, x, x)
-    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward+backward"])
 def test_state_parallel_memory_grows_like_T_D2(backward):
     b, h, d = 1, 2, 32
     fn = attention.get("LT_state_parallel")
-    small = compiled_temp_bytes(fn, (b, 128, h, d), backward)
-    large = compiled_temp_bytes(fn, (b, 256, h, d), backward)
+    small = attention_temp_bytes(fn, (b, 128, h, d), backward)
+    large = attention_temp_bytes(fn, (b, 256, h, d), backward)
     one_state_array = b * 128 * h * d * d * 4  # all T states, float32
     assert small >= one_state_array, (small, one_state_array)
     assert 1.8 <= large / small <= 2.2, (small, large)
     # The chunked form keeps T/c states instead: far less at the same size.
-    chunked = compiled_temp_bytes(
+    chunked = attention_temp_bytes(
         attention.get("LT_chunked", chunk_size=32), (b, 256, h, d), backward
     )
     assert chunked * 4 < large, (chunked, large)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from linear_gpt2 import attention, bench
+from linear_gpt2.memory import is_oom
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,9 +107,7 @@ def test_helpers():
     assert bench.default_contexts(1024, 8192) == [1024, 2048, 4096, 8192]
     assert bench.chunk_candidates(96, (32, 64, 128)) == [32]
     assert bench.chunk_candidates(8, (16, 32)) == [8]
-    assert bench.is_oom(RuntimeError("RESOURCE_EXHAUSTED: foo")) and not bench.is_oom(
-        ValueError("shape")
-    )
+    assert is_oom(RuntimeError("RESOURCE_EXHAUSTED: foo")) and not is_oom(ValueError("shape"))
     assert bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
     from linear_gpt2.plots import loglog_slope
 
