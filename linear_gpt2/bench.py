@@ -217,6 +217,9 @@ class StepResult:
     times_ms: list[float] = dataclasses.field(default_factory=list)
     chunk_size: int | None = None  # LT_chunked: the fastest candidate
     chunk_ms: dict[int, float] = dataclasses.field(default_factory=dict)  # candidate -> median
+    # LT_chunked: what ``chunk_size: auto`` picks (attention.autotune, timing the attention alone),
+    # beside the step-level winner above, so the kernel-level search can be checked against it.
+    autotune_chunk_size: int | None = None
     memory_bytes: int | None = None
     oom_reason: str | None = None
     error: str | None = None
@@ -293,6 +296,13 @@ def bench_setting(
     result.median_ms, result.min_ms = med * 1e3, min(times) * 1e3
     result.times_ms = [t * 1e3 for t in times]
     result.chunk_size = c
+    if attention == "LT_chunked":
+        from linear_gpt2.attention.autotune import best_chunk_size
+
+        shape = (batch, context, base.n_head, base.head_dim)
+        result.autotune_chunk_size = best_chunk_size(
+            "LT_chunked", shape, jnp.dtype(dtype), base.kernel, candidates=chunks
+        )
     return result
 
 
@@ -412,6 +422,7 @@ CSV_FIELDS = [
     "median_ms",
     "min_ms",
     "chunk_size",
+    "autotune_chunk_size",
     "memory_bytes",
     "times_ms",
     "chunk_ms",

@@ -345,3 +345,22 @@ def test_batch_plan_holds_tokens_per_update_constant():
     cfg = load_config(None, ["train.tokens_per_update=1000"])
     with pytest.raises(ConfigError, match="not a multiple of data.context=1024"):
         plan_batches(cfg, devices=1, processes=1)
+
+
+def test_out_of_memory_names_the_sizes_and_the_fixes(setup, monkeypatch):
+    import linear_gpt2.trainer as trainer_mod
+
+    def exhausted(*args, **kwargs):
+        def step(*a):
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB")
+
+        return step
+
+    monkeypatch.setattr(trainer_mod, "make_train_step", exhausted)
+    root, config, base = setup
+    cfg = load_config(config, [*base, f"log.run_dir={root}/oom"])
+    with pytest.raises(MemoryError) as e:
+        train(cfg)
+    msg = str(e.value)
+    for text in ("1.6M parameters", "context 16", "micro_batch 2", "model.remat=true", "train.fsdp=true"):
+        assert text in msg, text
