@@ -352,7 +352,9 @@ def test_out_of_memory_names_the_sizes_and_the_fixes(setup, monkeypatch):
 
     def exhausted(*args, **kwargs):
         def step(*a):
-            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB")
+            raise RuntimeError(
+                "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB"
+            )
 
         return step
 
@@ -362,5 +364,11 @@ def test_out_of_memory_names_the_sizes_and_the_fixes(setup, monkeypatch):
     with pytest.raises(MemoryError) as e:
         train(cfg)
     msg = str(e.value)
-    for text in ("1.6M parameters", "context 16", "micro_batch 2", "model.remat=true", "train.fsdp=true"):
+    for text in (
+        "1.6M parameters",
+        "context 16",
+        "micro_batch 2",
+        "model.remat=true",
+        "train.fsdp=true",
+    ):
         assert text in msg, text
