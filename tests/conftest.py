@@ -39,3 +39,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def full_precision_matmuls():
+    """float32 matmuls at full precision: on GPUs XLA's default is TF32 (10-bit significand),
+    far from the 1e-5 tolerances of the reference comparisons."""
+    with jax.default_matmul_precision("highest"):
+        yield

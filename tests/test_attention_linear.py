@@ -42,11 +42,7 @@ GRAD_TOL = 1e-4
 BF16_TOL = 1e-2
 
 
-@pytest.fixture(autouse=True)
-def _full_precision_matmuls():
-    # On GPUs XLA's default float32 matmul is TF32 (10-bit significand), far from 1e-5.
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,10 +30,7 @@ BF16_TOL = 1e-2
 BF16_GRAD_TOL = 2e-2
 
 
-@pytest.fixture(autouse=True)
-def _full_precision_matmuls():
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
 
 def inputs(shape, seed=0):

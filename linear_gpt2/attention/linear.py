@@ -93,6 +93,28 @@ def normalise(num: jax.Array, den: jax.Array, eps: float, dtype: Any) -> jax.Arr
     return (num.astype(F32) / (den.astype(F32) + eps)[..., None]).astype(dtype)
 
 
+def attention_fn(
+    variant: str,
+    algorithm: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+    feature_map: str,
+    kernel: str,
+    eps: float,
+) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+    """``fn(q, k, v) -> y`` (all ``[B, T, H, D]``) for a pure-JAX variant: phi on q and k, the
+    variant's ``algorithm(phi(q), phi(k), v) -> (num [B, T, H, D], den [B, T, H])``, then
+    ``num / (den + eps)``. Options are checked here, when the function is made."""
+    phi = check_feature_map(feature_map)
+    check_kernel(kernel, variant)
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        fq, fk = features(q, k, phi)
+        num, den = algorithm(fq, fk, v)
+        return normalise(num, den, eps, q.dtype)
+
+    fn.__doc__ = f"Causal linear attention ({variant}). q, k, v ``[B, T, H, D]`` -> same."
+    return fn
+
+
 def causal_mask(T: int) -> jax.Array:
     """``[T, T]`` bool, True where key j <= query i."""
     return jnp.tril(jnp.ones((T, T), dtype=bool))

@@ -42,16 +42,7 @@ def lt_attention(fq: jax.Array, fk: jax.Array, v: jax.Array) -> tuple[jax.Array,
 
 
 def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
-    phi = linear.check_feature_map(feature_map)
-    linear.check_kernel(kernel, "LT_attention")
-
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        """Causal linear attention, loop over positions. q, k, v ``[B, T, H, D]`` -> same."""
-        fq, fk = linear.features(q, k, phi)
-        num, den = lt_attention(fq, fk, v)
-        return linear.normalise(num, den, eps, q.dtype)
-
-    return fn
+    return linear.attention_fn("LT_attention", lt_attention, feature_map, kernel, eps)
 
 
 make_decoder = linear.make_decoder

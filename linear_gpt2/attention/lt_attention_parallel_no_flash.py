@@ -33,16 +33,9 @@ def lt_attention_parallel_no_flash(
 
 
 def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
-    phi = linear.check_feature_map(feature_map)
-    linear.check_kernel(kernel, "LT_attention_parallel_no_flash")
-
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        """Causal linear attention, T x T scores. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``."""
-        fq, fk = linear.features(q, k, phi)
-        num, den = lt_attention_parallel_no_flash(fq, fk, v)
-        return linear.normalise(num, den, eps, q.dtype)
-
-    return fn
+    return linear.attention_fn(
+        "LT_attention_parallel_no_flash", lt_attention_parallel_no_flash, feature_map, kernel, eps
+    )
 
 
 make_decoder = linear.make_decoder

@@ -52,16 +52,7 @@ def lt_state(fq: jax.Array, fk: jax.Array, v: jax.Array) -> tuple[jax.Array, jax
 
 
 def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
-    phi = linear.check_feature_map(feature_map)
-    linear.check_kernel(kernel, "LT_state")
-
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        """Causal linear attention by the recurrence. q, k, v ``[B, T, H, D]`` -> same."""
-        fq, fk = linear.features(q, k, phi)
-        num, den = lt_state(fq, fk, v)
-        return linear.normalise(num, den, eps, q.dtype)
-
-    return fn
+    return linear.attention_fn("LT_state", lt_state, feature_map, kernel, eps)
 
 
 make_decoder = linear.make_decoder

@@ -55,20 +55,12 @@ def lt_state_parallel(
 def make(
     feature_map: str = "softplus", kernel: str = "auto", scan: str = "cumsum", eps: float = 1e-6
 ):
-    phi = linear.check_feature_map(feature_map)
-    linear.check_kernel(kernel, "LT_state_parallel")
     if scan not in SCANS:
         raise ValueError(
             f"LT_state_parallel: unknown scan {scan!r}; valid scans: {', '.join(SCANS)}"
         )
-
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        """Causal linear attention, all states by a prefix sum. q, k, v ``[B, T, H, D]`` -> same."""
-        fq, fk = linear.features(q, k, phi)
-        num, den = lt_state_parallel(fq, fk, v, scan)
-        return linear.normalise(num, den, eps, q.dtype)
-
-    return fn
+    algorithm = lambda fq, fk, v: lt_state_parallel(fq, fk, v, scan)
+    return linear.attention_fn("LT_state_parallel", algorithm, feature_map, kernel, eps)
 
 
 make_decoder = linear.make_decoder
