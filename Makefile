@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= test,parity
+EXTRAS ?= test,parity,cuda
 
 # python3.12 may be a pyenv shim that refuses to run when another version is selected,
 # so try the candidates until one really is 3.12.
@@ -15,7 +15,7 @@ export WANDB_MODE ?= offline
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export XDG_CACHE_HOME ?= $(CURDIR)/.cache
 
-.PHONY: setup train test test-fast lint format clean
+.PHONY: setup train test test-fast lint format clean compile frontier
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,17 @@ $(VENV)/.installed: pyproject.toml
 # Extra overrides: make train ARGS="train.max_steps=300 attention.name=LT_chunked"
 train: setup
 	$(PY) scripts/train.py configs/default.yaml $(ARGS)
+
+# Compile the training step for the H100 on this machine (no GPU needed): memory, the setting
+# model.remat/loss_chunk=auto picks, kernels. make compile ARGS="configs/post/124M_flash_16k.yaml --target h100x8"
+COMPILE_ARGS ?= configs/gpt2_124m.yaml attention.name=LT_chunked model.block_size=65536 data.context=65536 --batch 1 --kernels
+compile: setup
+	$(PY) scripts/compile.py $(if $(ARGS),$(ARGS),$(COMPILE_ARGS))
+
+# The memory frontier: largest context per attention x size that fits the H100, compiled here
+# (hours on 2 cores; resumable). Writes benchmarks/results/memory_frontier_h100_compiled.*
+frontier: setup
+	$(PY) scripts/bench_step.py --target h100 $(ARGS)
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=15

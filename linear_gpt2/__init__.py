@@ -2,7 +2,23 @@
 
 The data path, one module per step: ``config`` -> ``tokenizer`` -> ``model`` -> ``attention``
 -> (train step, logs: the trainer). ``interop`` converts weights to and from nanoGPT and
-Hugging Face.
+Hugging Face. ``target`` compiles the training step for a GPU (the H100) on a machine without one.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+
+def _skip_cuda_checks_without_a_driver() -> None:
+    # The CUDA plugin is installed on GPU-less machines too, to compile for the H100 (target.py).
+    # There its start-up check of the CUDA libraries fails ("Unable to load cuPTI") and, in jax
+    # 0.11.2, the first jax.devices() crashes the process; with the check skipped the plugin
+    # loads, finds no device, and the CPU stays the default backend. JAX reads the variable when
+    # its backends start, so setting it at import of this package is early enough unless the
+    # caller has already used a device. A machine with a driver keeps the check.
+    if not any(_os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0")):
+        _os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+
+_skip_cuda_checks_without_a_driver()

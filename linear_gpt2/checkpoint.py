@@ -31,6 +31,7 @@ MUTABLE_PREFIXES = (
     "attention.kernel",
     "attention.chunk_size",
     "model.remat",
+    "model.loss_chunk",
 )
 
 

@@ -47,6 +47,10 @@ FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
 KERNELS = ("auto", "xla", "pallas", "triton", "cudnn")
 SCANS = ("cumsum", "associative")
 DTYPES = ("float32", "bfloat16")
+# Rematerialisation of each block in the backward pass (model.remat): none; dots (keep the matmul
+# outputs, recompute the rest); full (keep only each block's input); offload (full, with each
+# block's input kept in host memory); auto (the cheapest that fits the device; memory_plan.py).
+REMAT = ("none", "dots", "full", "offload", "auto")
 GPT2_VOCAB = 50257  # ids 0..50256 (50256 = <|endoftext|>), what the data pipeline emits
 
 
@@ -80,8 +84,12 @@ class ArchConfig:
     bias: bool = True
     # Activation/matmul dtype; parameters, LayerNorm statistics, softmax and loss stay float32.
     dtype: str = "float32"
-    # Rematerialise each block in the backward pass (saves activation memory at long context).
-    remat: bool = False
+    # Rematerialisation policy per block (REMAT above). true/false are accepted for full/none.
+    remat: bool | str = "auto"
+    # Tokens per chunk of the fused head + cross-entropy (loss.py), which never holds the whole
+    # sequence's [T, vocab] float32 logits; 0 computes the logits at once (nanoGPT's way); auto
+    # chunks only when the plain step does not fit the device (memory_plan.py).
+    loss_chunk: int | str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -98,6 +106,21 @@ class ArchConfig:
         )
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         _check_choice(self.dtype, "model.dtype", DTYPES)
+        if isinstance(self.remat, bool):  # the earlier boolean form
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        _check_choice(self.remat, "model.remat", REMAT)
+        if isinstance(self.loss_chunk, str):
+            _check(
+                self.loss_chunk == "auto",
+                "model.loss_chunk",
+                f"must be an int >= 0 (tokens; 0 = no chunking) or 'auto', got {self.loss_chunk!r}",
+            )
+        else:
+            _check(
+                not isinstance(self.loss_chunk, bool) and self.loss_chunk >= 0,
+                "model.loss_chunk",
+                f"must be an int >= 0 (tokens; 0 = no chunking) or 'auto', got {self.loss_chunk!r}",
+            )
 
 
 @dataclass(frozen=True)

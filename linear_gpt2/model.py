@@ -13,6 +13,10 @@ Two deliberate layout choices (see docs/design.md):
   rematerialisation is one flag. ``interop`` unstacks them into nanoGPT's ``h.{i}.`` keys.
 - Dense kernels are ``[in, out]`` (Flax's, and Hugging Face's Conv1D layout).
 
+Memory options for long contexts (``memory_plan.py`` picks them with ``auto``): a rematerialisation
+policy per block (:func:`remat_policy`) and a loss fused with the head by chunks of tokens
+(``loss_chunk``, :mod:`linear_gpt2.loss`). Neither changes the function or its gradients.
+
 Mixed precision follows torch autocast: parameters, the residual stream, LayerNorm, softmax and the
 loss are float32; the matmuls run in ``config.dtype``.
 """
@@ -26,9 +30,11 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from linear_gpt2 import attention
 from linear_gpt2.config import ModelConfig
+from linear_gpt2.loss import cross_entropy, head_cross_entropy
 
 Params = dict[str, Any]
 
@@ -117,6 +123,8 @@ class Block(nn.Module):
         """x: ``[B, T, C]`` float32 residual stream; ``cache`` this layer's decoder state or None.
         Returns ``(x, cache)``: the carry and the per-layer output of ``nn.scan``."""
         cfg = self.config
+        # The one tensor the "full" and "offload" policies keep per block (see REMAT_POLICIES).
+        x = checkpoint_name(x, BLOCK_INPUT)
         h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(
             _layer_norm(cfg, "ln_1")(x), cache
         )
@@ -125,16 +133,58 @@ class Block(nn.Module):
         return x, cache
 
 
+BLOCK_INPUT = "block_input"
+
+
+def remat_policy(name: str):
+    """The ``jax.checkpoint`` policy of ``model.remat`` = ``name``, or None for no remat.
+
+    - ``none`` (and ``auto`` when nothing resolved it, see ``memory_plan``): every activation
+      the backward pass needs is kept, as autodiff does by default.
+    - ``dots``: keep the outputs of the matmuls without batch dimensions (projections and MLP);
+      recompute LayerNorm, GELU, phi and attention in the backward pass.
+    - ``full``: keep only each block's input (``[B, T, C]`` float32 per layer); recompute the
+      whole block (+1 forward pass of the blocks).
+    - ``offload``: as ``full``, with the block inputs moved to pinned host memory in the forward
+      pass and fetched back for the backward pass: device memory no longer grows with depth.
+    """
+    policies = jax.checkpoint_policies
+    return {
+        "none": None,
+        "auto": None,
+        "dots": policies.dots_with_no_batch_dims_saveable,
+        "full": policies.nothing_saveable,
+        "offload": policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=[BLOCK_INPUT],
+            offload_src="device",
+            offload_dst="pinned_host",
+        ),
+    }[name]
+
+
+def loss_chunk_tokens(cfg: ModelConfig) -> int:
+    """Tokens per chunk of the fused head + loss, 0 for the plain logits (``auto`` unresolved)."""
+    return 0 if cfg.loss_chunk == "auto" else int(cfg.loss_chunk)
+
+
 class GPT(nn.Module):
     config: ModelConfig
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, cache: dict[str, Any] | None = None):
+    def __call__(
+        self,
+        tokens: jax.Array,
+        cache: dict[str, Any] | None = None,
+        targets: jax.Array | None = None,
+    ):
         """tokens: int ``[B, T]`` -> logits float32 ``[B, T, vocab_size]``.
 
         With ``cache`` (from ``decode_init``) the tokens continue the cached sequence and the
-        call returns ``(logits, cache)``."""
+        call returns ``(logits, cache)``. With ``targets`` (int ``[B, T]``, -1 ignored) it
+        returns the mean cross-entropy instead of the logits, by chunks of tokens when
+        ``loss_chunk`` is set (the ``[B, T, vocab]`` logits are then never materialised)."""
         cfg = self.config
         T = tokens.shape[1]
         if cache is None and T > cfg.block_size:
@@ -153,8 +203,9 @@ class GPT(nn.Module):
         x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
         block = Block
-        if cfg.remat:
-            block = nn.remat(Block, prevent_cse=False)
+        policy = remat_policy(cfg.remat)
+        if policy is not None:
+            block = nn.remat(Block, prevent_cse=False, policy=policy)
         blocks = nn.scan(
             block,
             variable_axes={"params": 0},
@@ -165,6 +216,10 @@ class GPT(nn.Module):
         x, layer_caches = blocks(x, None if cache is None else cache["layers"])
 
         x = _layer_norm(cfg, "ln_f")(x)
+        if targets is not None and loss_chunk_tokens(cfg) > 0:
+            return head_cross_entropy(
+                x, wte.embedding, targets, chunk=loss_chunk_tokens(cfg), dtype=cfg.dtype
+            )
         # Tied head: logits = x @ wte^T, in the compute dtype, then float32 for the loss.
         logits = jnp.einsum(
             "btc,vc->btv",
@@ -173,6 +228,8 @@ class GPT(nn.Module):
             preferred_element_type=jnp.float32,
         )
         logits = logits.astype(jnp.float32)
+        if targets is not None:
+            return cross_entropy(logits, targets)
         if cache is None:
             return logits
         return logits, {"pos": cache["pos"] + T, "layers": layer_caches}
@@ -254,20 +311,6 @@ def decode(
     return GPT(config).apply({"params": params}, tokens, cache)
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array, ignore_index: int = -1) -> jax.Array:
-    """Mean token cross-entropy in float32 over targets != ``ignore_index`` (torch's semantics).
-
-    logits ``[..., V]``, targets int ``[...]``.
-    """
-    logits = logits.astype(jnp.float32)
-    valid = targets != ignore_index
-    safe = jnp.where(valid, targets, 0)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
-    nll = jnp.where(valid, log_z - picked, 0.0)
-    return nll.sum() / jnp.maximum(valid.sum(), 1)
-
-
 def loss_fn(
     params: Params,
     tokens: jax.Array,
@@ -277,8 +320,19 @@ def loss_fn(
     train: bool = False,
     rng: jax.Array | None = None,
 ) -> jax.Array:
-    """Scalar float32 loss of next-token prediction; ``targets`` -1 are ignored."""
-    return cross_entropy(forward(params, tokens, config, train=train, rng=rng), targets)
+    """Scalar float32 loss of next-token prediction; ``targets`` -1 are ignored.
+
+    With ``config.loss_chunk`` > 0 the head and the loss are fused by chunks of tokens
+    (``loss.head_cross_entropy``): same value and gradients, without the ``[B, T, vocab]``
+    logits."""
+    deterministic = not train or config.dropout == 0.0
+    rngs = {} if deterministic else {"dropout": rng if rng is not None else jax.random.key(0)}
+    return GPT(config, deterministic).apply(
+        {"params": params},
+        jnp.asarray(tokens, jnp.int32),
+        targets=jnp.asarray(targets, jnp.int32),
+        rngs=rngs,
+    )
 
 
 def count_params(params: Params, non_embedding: bool = True) -> int:

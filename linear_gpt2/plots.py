@@ -125,6 +125,49 @@ def plot_step_times(
     return _save(fig, path)
 
 
+def plot_memory_frontier(
+    points: Sequence[dict[str, Any]],
+    path: str | Path,
+    budget_gib: float,
+    post_frontier: dict[str, dict[str, int]] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Memory per device of the training step against context, compiled for a target: one panel
+    per model size, one line per attention (the cheapest memory setting that fits at each
+    context), an ``x`` where not even the most frugal setting fits, the budget as a horizontal
+    line, and the post's largest context as a triangle on the budget line."""
+    plt = _plt()
+    sizes = list(dict.fromkeys(p["size"] for p in points))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.6), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        rows = [p for p in points if p["size"] == size]
+        for name in dict.fromkeys(p["attention"] for p in rows):
+            mine = sorted(
+                (p["context"], p["memory_bytes"] / 2**30)
+                for p in rows
+                if p["attention"] == name and p["status"] == "fits"
+            )
+            over = [p for p in rows if p["attention"] == name and p["status"] == "too_big"]
+            (line,) = ax.plot(*zip(*mine), "o-", ms=3, label=name) if mine else ax.plot([], [])
+            for p in over:
+                if p["memory_bytes"]:
+                    _mark(ax, p["context"], p["memory_bytes"] / 2**30, "", line.get_color())
+            post = (post_frontier or {}).get(size, {}).get(name)
+            if post:
+                ax.plot([post], [budget_gib], "v", ms=8, color=line.get_color(), alpha=0.7)
+        ax.axhline(budget_gib, color="k", lw=1, ls="--")
+        ax.text(1024, budget_gib * 1.08, f"budget {budget_gib:g} GiB", fontsize=7)
+        _context_axis(ax, [p["context"] for p in rows])
+        ax.set_ylabel("GiB per device (compiled step)")
+        ax.set_title(f"GPT-2 {size}")
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        title or "Training-step memory vs context (x: does not fit; triangle: the post's limit)",
+        fontsize=10,
+    )
+    return _save(fig, path)
+
+
 def plot_sample_times(
     rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = None
 ) -> Path:

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import optax
 
 from linear_gpt2.config import ModelConfig
-from linear_gpt2.model import loss_fn
+from linear_gpt2.model import init_params, loss_fn
+from linear_gpt2.sharding import batch_sharding, replicated, state_shardings
 
 
 class TrainState(NamedTuple):
@@ -75,3 +76,50 @@ def make_eval_step(model_cfg: ModelConfig):
         return losses.mean()
 
     return evaluate
+
+
+class StepProgram(NamedTuple):
+    """A training step jitted with the trainer's shardings, and its abstract arguments."""
+
+    step: Any  # jax.jit(...): (state, inputs, targets, key) -> (state, metrics), state donated
+    args: tuple[Any, ...]  # ShapeDtypeStructs with shardings: what .lower() takes
+    state_shardings: TrainState
+
+
+def jit_train_step(
+    model_cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    mesh,
+    *,
+    accum: int,
+    batch: int,
+    context: int | None = None,
+    fsdp: bool = False,
+    skip_nonfinite: bool = False,
+) -> StepProgram:
+    """The step the trainer runs, for ``mesh``: the state replicated (or FSDP-sharded), the
+    ``[accum, batch, context]`` token batches split over the mesh on the batch axis, the state
+    donated. ``batch`` is global (all devices); ``context`` defaults to ``block_size``. Used by the trainer, the step benchmark and the compile
+    targets (``target.py``), so that what is compiled for the H100 is what trains."""
+    abstract_state = jax.eval_shape(lambda: init_state(init_params(model_cfg, 0), tx))
+    sh = state_shardings(abstract_state, mesh, fsdp)
+    sh = TrainState(sh.params, sh.opt_state, replicated(mesh))
+    batch3 = batch_sharding(mesh, 3, batch_axis=1)
+    step = jax.jit(
+        make_train_step(model_cfg, tx, skip_nonfinite),
+        in_shardings=(sh, batch3, batch3, replicated(mesh)),
+        out_shardings=(sh, replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    T = model_cfg.block_size if context is None else context
+    tokens = jax.ShapeDtypeStruct((accum, batch, T), jnp.int32, sharding=batch3)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    args = (
+        jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, sh
+        ),
+        tokens,
+        tokens,
+        jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(mesh)),
+    )
+    return StepProgram(step, args, sh)

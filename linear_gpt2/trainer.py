@@ -20,10 +20,12 @@ import numpy as np
 
 from linear_gpt2 import checkpoint as ckpt_lib
 from linear_gpt2 import data as data_lib
+from linear_gpt2 import memory_plan
 from linear_gpt2.config import Config, ConfigError, save_config
 from linear_gpt2.flops import device_peak_flops, flops_per_token
 from linear_gpt2.logger import RunLogger, plot_loss, read_jsonl
-from linear_gpt2.memory import is_oom
+from linear_gpt2.memory import compiled_memory, is_oom
+from linear_gpt2.memory_plan import device_budget
 from linear_gpt2.model import count_params, init_params
 from linear_gpt2.optim import lr_at, optimizer
 from linear_gpt2.sharding import (
@@ -33,7 +35,12 @@ from linear_gpt2.sharding import (
     replicated,
     state_shardings,
 )
-from linear_gpt2.train_step import TrainState, init_state, make_eval_step, make_train_step
+from linear_gpt2.train_step import (
+    TrainState,
+    init_state,
+    jit_train_step,
+    make_eval_step,
+)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -84,7 +91,7 @@ def _oom_message(cfg: Config, plan: BatchPlan, n_params: int) -> str:
     return (
         f"out of memory: model {n_params / 1e6:.1f}M parameters, context {cfg.data.context}, "
         f"micro_batch {plan.micro_batch} per device, attention {cfg.attention.name}. Try a smaller "
-        "train.micro_batch (accumulation keeps tokens_per_update), model.remat=true, or "
+        "train.micro_batch (accumulation keeps tokens_per_update), model.remat=offload, or "
         "train.fsdp=true to shard parameters and optimizer state."
     )
 
@@ -182,12 +189,7 @@ def train(cfg: Config) -> RunResult:
     )
 
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
-    train_step = jax.jit(
-        make_train_step(model_cfg, tx, skip_nonfinite=cfg.train.on_nan == "skip"),
-        in_shardings=(state_sh, batch3, batch3, replicated(mesh)),
-        out_shardings=(state_sh, replicated(mesh)),
-        donate_argnums=(0,),
-    )
+    train_step, model_cfg = _planned_train_step(cfg, model_cfg, tx, mesh, plan, log)
     eval_step = jax.jit(make_eval_step(model_cfg), in_shardings=(state_sh.params, batch3, batch3))
 
     tokens_per_update = plan.sequences * cfg.data.context
@@ -297,6 +299,42 @@ def train(cfg: Config) -> RunResult:
             f"{cfg.log.name}: {cfg.attention.name}, context {cfg.data.context}",
         )
     return RunResult(run_dir, step, stopped_by, losses, state)
+
+
+def _planned_train_step(cfg: Config, model_cfg, tx, mesh, plan: BatchPlan, log):
+    """The jitted (or, where memory was planned, compiled) training step and the model config it
+    was built for, with ``remat`` / ``loss_chunk`` ``auto`` resolved (``memory_plan.py``)."""
+
+    def build(c):
+        return jit_train_step(
+            c,
+            tx,
+            mesh,
+            accum=plan.accum,
+            batch=plan.micro_batch * plan.devices,
+            context=cfg.data.context,
+            fsdp=cfg.train.fsdp,
+            skip_nonfinite=cfg.train.on_nan == "skip",
+        )
+
+    def compile_candidate(c):
+        program = build(c)
+        compiled = program.step.lower(*program.args).compile()
+        return compiled_memory(compiled), compiled
+
+    budget = (
+        device_budget(list(mesh.devices.flat)) if not memory_plan.is_resolved(model_cfg) else None
+    )
+    chosen = memory_plan.plan(model_cfg, compile_candidate, budget)
+    log.print(f"memory: {chosen.describe()}")
+    if not chosen.fits:
+        raise MemoryError(
+            f"the training step does not fit in device memory with any setting: "
+            f"{chosen.describe()}. Lower train.micro_batch (accumulation keeps "
+            f"tokens_per_update) or data.context, or set train.fsdp=true"
+        )
+    step = chosen.executable if chosen.executable is not None else build(chosen.config).step
+    return step, chosen.config
 
 
 def _evaluate(eval_step, params, to_global, cfg: Config, plan: BatchPlan) -> float | None:

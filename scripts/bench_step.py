@@ -18,6 +18,13 @@ fastest is kept.
 Writes ``STEM.csv`` and ``STEM.json`` (device kind, git commit, jax version, raw times, limits,
 slopes) and ``STEM_<size>.png`` (log-log, one line per attention, OOM marked, fitted slopes in
 the legend) into ``--out`` (default ``benchmarks/results``); STEM is ``step_time_<device>``.
+Compile-only (``--target h100``): no step is run. For each attention x size, every power-of-two
+context from ``--min-context`` is compiled for the target (``scripts/compile.py``'s machinery,
+deviceless) with ``model.remat`` / ``model.loss_chunk`` ``auto`` until not even the most frugal
+setting fits the target's budget. Writes ``memory_frontier_<target>_compiled.{csv,json,md,png}``
+(largest context per attention x size beside the post's); an interrupted sweep resumes from the
+JSON (``--restart`` recompiles everything).
+
 ``--tiny`` (and ``--fast-compile``) compile with XLA's CPU backend at -O0, which halves compile
 time where compilation dominates; its times are for checking the pipeline, not for reporting
 (``--tiny --full-compile`` times the tiny model as optimised for real).
@@ -51,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"))
     p.add_argument("--stem", default=None, help="output file stem (default step_time_<device>)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--target", default=None, help="compile-only memory frontier for this target")
+    p.add_argument("--restart", action="store_true", help="with --target: ignore earlier results")
     p.add_argument(
         "--fast-compile",
         action="store_true",
@@ -62,8 +71,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def frontier_main(args) -> int:
+    from linear_gpt2 import target
+
+    t = target.get(args.target)
+    names = args.attentions or attention.names()
+    sizes = args.sizes or [s for s in bench.SIZES if s != "tiny"]
+    contexts = args.contexts or bench.default_contexts(args.min_context, args.max_context)
+    env = bench.environment()
+    env["device_kind"] = f"{t.device['name']} (compiled for, deviceless; no GPU here)"
+    stem = args.stem or f"memory_frontier_{t.name}_compiled"
+    out = Path(args.out)
+    done = []
+    if not args.restart and (out / f"{stem}.json").exists():
+        done = bench.read_frontier(out / f"{stem}.json")
+        print(f"resuming: {len(done)} points already compiled in {out / f'{stem}.json'}")
+    meta = {
+        "environment": env,
+        "settings": {
+            "target": t.name,
+            "target_description": t.describe(),
+            "budget_gib": t.budget_bytes / 2**30,
+            "batch": args.batch,
+            "dtype": args.dtype,
+            "memory": "model.remat=auto, model.loss_chunk=auto (memory_plan.LADDER)",
+            "step": "train_step.jit_train_step (clip, AdamW), state donated",
+            "how": "compiled for the target with XLA's GPU compiler on a CPU-only machine",
+        },
+    }
+    points: list = list(done)
+
+    def report(p) -> None:
+        points.append(p)
+        mem = f"{p.memory_bytes / 2**30:7.2f} GiB" if p.memory_bytes else "      -"
+        print(
+            f"{p.size:>5} {p.attention:<31} {p.context:>8} {p.status:<8} {mem} "
+            f"{p.remat or ''} {('loss_chunk=' + str(p.loss_chunk)) if p.loss_chunk else ''}"
+            f"{(' ' + p.error) if p.error else ''}",
+            flush=True,
+        )
+        bench.write_frontier(points, out, stem, meta)  # after every point: resumable
+
+    print(f"{t.describe()} | jax {env['jax_version']} | commit {env['git_commit']}")
+    results = bench.run_frontier(
+        names, sizes, t.name, contexts, batch=args.batch, dtype=args.dtype, done=done,
+        on_result=report,
+    )  # fmt: skip
+    paths = bench.write_frontier(results, out, stem, meta)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    if not args.no_plot:
+        png = plots.plot_memory_frontier(
+            [bench.dataclasses.asdict(p) for p in results],
+            out / f"{stem}.png",
+            t.budget_bytes / 2**30,
+            bench.POST_FRONTIER,
+            title=f"Training-step memory per device vs context, compiled for {t.name} "
+            "(x: does not fit; triangle: the post's largest context)",
+        )
+        print(f"wrote {png}")
+    print(paths[2].read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.target:
+        return frontier_main(args)
     names = args.attentions or attention.names()
     if args.tiny:
         sizes = args.sizes or ["tiny"]

@@ -22,6 +22,8 @@ for var, value in {
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+import linear_gpt2  # noqa: E402, F401  (before JAX starts: its CUDA-plugin setting, __init__.py)
+
 
 def _has_gpu() -> bool:
     try:

@@ -348,7 +348,7 @@ def test_batch_plan_holds_tokens_per_update_constant():
 
 
 def test_out_of_memory_names_the_sizes_and_the_fixes(setup, monkeypatch):
-    import linear_gpt2.trainer as trainer_mod
+    import linear_gpt2.train_step as train_step_mod
 
     def exhausted(*args, **kwargs):
         def step(*a):
@@ -358,7 +358,7 @@ def test_out_of_memory_names_the_sizes_and_the_fixes(setup, monkeypatch):
 
         return step
 
-    monkeypatch.setattr(trainer_mod, "make_train_step", exhausted)
+    monkeypatch.setattr(train_step_mod, "make_train_step", exhausted)
     root, config, base = setup
     cfg = load_config(config, [*base, f"log.run_dir={root}/oom"])
     with pytest.raises(MemoryError) as e:
@@ -368,7 +368,7 @@ def test_out_of_memory_names_the_sizes_and_the_fixes(setup, monkeypatch):
         "1.6M parameters",
         "context 16",
         "micro_batch 2",
-        "model.remat=true",
+        "model.remat=offload",
         "train.fsdp=true",
     ):
         assert text in msg, text

@@ -11,7 +11,8 @@ measurement runs eagerly (``jax.ensure_compile_time_eval``) inside the outer tra
 Cost control: each candidate is compiled once, run ``warmup`` times, then timed ``runs`` times
 (median, ``block_until_ready``). Off a GPU the fused kernels run in Pallas interpret mode, whose
 timings say nothing about the GPU, so there the choice is the heuristic (64, or the candidate
-nearest to it) without measuring and without caching.
+nearest to it) without measuring and without caching; so is it when compiling for a GPU
+target that this machine does not have (``linear_gpt2.target``).
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ def best_chunk_size(
     if len(cands) == 1:
         return cands[0]
     if measure is None:
-        measure = kernel == "xla" or kernels.on_gpu()
+        # Timing needs the device itself: compiling for a GPU target here measures nothing.
+        measure = kernels.gpu_present() or (kernel == "xla" and not kernels.on_gpu())
     if not measure:
         return _heuristic(cands)
 

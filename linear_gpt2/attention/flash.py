@@ -24,7 +24,7 @@ Kernels (``make(kernel=...)``):
   head dims are padded to a power of two inside the kernel (keep D >= 16 for Triton's dots).
   JAX marks this module deprecated in favour of ``tokamax.dot_product_attention``; it is still the
   Pallas reference kernel in jax 0.11.2.
-- ``auto`` (default): ``cudnn`` on GPU, falling back to ``xla`` (with a warning) when cuDNN rejects
+- ``auto`` (default): ``cudnn`` on GPU (or compiling for one: ``linear_gpt2.target``), falling back to ``xla`` (with a warning) when cuDNN rejects
   the dtype or shape at trace time (float32, head dim not a multiple of 8, ...); ``xla`` elsewhere.
 
 Dropout: ``SUPPORTS_DROPOUT = False``. nanoGPT's flash path drops attention weights inside the
@@ -65,7 +65,10 @@ class KernelUnavailableError(RuntimeError):
 
 
 def _on_gpu() -> bool:
-    return jax.default_backend() == "gpu"
+    # The platform compiled for (a GPU compile target counts), not the default backend.
+    from linear_gpt2 import target
+
+    return target.compiling_for_gpu()
 
 
 def _scale(q: jax.Array) -> float:
@@ -81,9 +84,9 @@ def _xla(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     if not _on_gpu():
         raise KernelUnavailableError(
-            f"flash attention kernel='cudnn' needs a CUDA GPU, but the JAX backend is "
-            f"{jax.default_backend()!r}; use kernel=xla or kernel=pallas (interpret mode on CPU), "
-            f"or kernel=auto"
+            f"flash attention kernel='cudnn' needs a CUDA GPU (or a GPU compile target, "
+            f"linear_gpt2.target), but this program is for {jax.default_backend()!r}; use "
+            f"kernel=xla or kernel=pallas (interpret mode on CPU), or kernel=auto"
         )
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         raise KernelUnavailableError(

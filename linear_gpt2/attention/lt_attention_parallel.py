@@ -194,16 +194,18 @@ def make(
 
     phi = linear.check_feature_map(feature_map)
     kernels.check_chunk_option(chunk_size, "LT_attention_parallel")
-    name = kernels.resolve_kernel(
-        kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS), chunk_size
-    )
-    impl = IMPLEMENTATIONS[name]
-    if name in FUSED and chunk_size != "auto":
-        kernels.check_block_size(chunk_size, f"LT_attention_parallel kernel={name}: chunk_size")
+    linear.check_kernel(kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS))
+    if kernel in FUSED and chunk_size != "auto":
+        kernels.check_block_size(chunk_size, f"LT_attention_parallel kernel={kernel}: chunk_size")
 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Causal linear attention, blocked. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``; any T
         (padded to a multiple of the block size)."""
+        # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
+        name = kernels.resolve_kernel(
+            kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS), chunk_size
+        )
+        impl = IMPLEMENTATIONS[name]
         T = q.shape[1]
         block = chunk_size
         if block == "auto":

@@ -104,15 +104,17 @@ def make(
 
     phi = linear.check_feature_map(feature_map)
     kernels.check_chunk_option(chunk_size, "LT_chunked")
-    impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size)
-    if impl != "xla":
-        fused = _fused(impl)  # an unavailable kernel (triton on CPU) fails here, at make()
+    linear.check_kernel(kernel, "LT_chunked", KERNELS)
+    if kernel not in ("auto", "xla"):
+        _fused(kernel)  # an unavailable kernel (triton on CPU) fails here, at make()
         if chunk_size != "auto":
-            kernels.check_block_size(chunk_size, f"LT_chunked kernel={impl}: chunk_size")
+            kernels.check_block_size(chunk_size, f"LT_chunked kernel={kernel}: chunk_size")
 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Causal linear attention by chunks. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``;
         the chunk size must divide T."""
+        # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
+        impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size)
         c = chunk_size
         if c == "auto":
             from linear_gpt2.attention import autotune
@@ -123,7 +125,7 @@ def make(
         check_chunk_size(q.shape[1], c)
         fq, fk = linear.features(q, k, phi)
         if impl != "xla":
-            return fused(fq, fk, v.astype(q.dtype), c, eps).astype(q.dtype)
+            return _fused(impl)(fq, fk, v.astype(q.dtype), c, eps).astype(q.dtype)
         (num, den), _ = chunked_linear_attention(fq, fk, v, c)
         return linear.normalise(num, den, eps, q.dtype)
 

@@ -42,11 +42,20 @@ class KernelUnavailableError(RuntimeError):
 
 
 def on_gpu() -> bool:
+    """Whether the program being traced is for a GPU: the process's GPU, or a GPU compile target
+    (``linear_gpt2.target``: the H100 compiled for on a machine without one)."""
+    from linear_gpt2 import target
+
+    return target.compiling_for_gpu()
+
+
+def gpu_present() -> bool:
+    """Whether a GPU can run things here (timing, autotuning); compiling for one needs none."""
     return jax.default_backend() == "gpu"
 
 
 def interpret() -> bool:
-    """Pallas interpret mode everywhere but on a GPU (as ``attention.flash`` does): the kernels
+    """Pallas interpret mode everywhere but for a GPU (as ``attention.flash`` does): the kernels
     then run as plain JAX, slowly, which is what the CPU tests exercise."""
     return not on_gpu()
 

@@ -39,7 +39,7 @@ def unavailable_reason() -> str | None:
             f"kernel=triton needs jax-triton and triton ({_IMPORT_ERROR}); install them with "
             f"`pip install .[triton]` on a machine with a CUDA GPU, or use kernel=pallas|xla"
         )
-    if not kernels.on_gpu():
+    if not kernels.gpu_present():
         return (
             f"kernel=triton needs a CUDA GPU (Triton kernels cannot run on the "
             f"{jax.default_backend()!r} backend); use kernel=pallas (interpret mode off-GPU) "

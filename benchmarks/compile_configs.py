@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Compile run configs for a target and tabulate their per-device memory (no GPU needed).
+
+    python benchmarks/compile_configs.py configs/post/[0-9]*.yaml --target h100x8
+
+For each config, the step the trainer would run on the target's devices (tokens per update split
+into micro-batches, ``model.remat`` / ``model.loss_chunk`` ``auto`` resolved against the
+target's budget) is compiled with XLA's GPU compiler, deviceless, and its memory per device is
+recorded. Writes ``<stem>.json`` and ``<stem>.md`` into ``--out`` (default
+``benchmarks/results``); the stem defaults to ``configs_<target>_compiled``. Resumes: configs
+already in the JSON are not compiled again unless ``--restart``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("configs", nargs="+")
+    p.add_argument("--target", default="h100x8")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--stem", default=None)
+    p.add_argument("--restart", action="store_true")
+    args = p.parse_args(argv)
+
+    from linear_gpt2 import bench, target
+    from linear_gpt2.config import load_config
+
+    t = target.get(args.target)
+    stem = args.stem or f"configs_{t.name}_compiled"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
+    rows: dict[str, dict] = {}
+    if path.exists() and not args.restart:
+        rows = {r["config"]: r for r in json.loads(path.read_text())["rows"]}
+    env = bench.environment()
+    env["device_kind"] = f"{t.device['name']} x {t.n_devices} (compiled for, deviceless)"
+    for file in args.configs:
+        name = str(Path(file).relative_to(REPO)) if Path(file).is_absolute() else file
+        if name in rows:
+            continue
+        cfg = load_config(file)
+        try:
+            r = target.compile_config(cfg, t)
+            row = {
+                "config": name,
+                "attention": cfg.attention.name,
+                "n_layer": cfg.model.n_layer,
+                "n_embd": cfg.model.n_embd,
+                "context": cfg.data.context,
+                "micro_batch": cfg.train.micro_batch,
+                "accum": r.accum,
+                "devices": t.n_devices,
+                "remat": r.config.remat,
+                "loss_chunk": r.config.loss_chunk,
+                "memory_bytes": r.compile.memory.total,
+                "memory": r.compile.memory.as_dict(),
+                "fits": r.fits,
+                "tried": [[n, m.total] for n, m in r.plan.tried],
+                "compile_seconds": r.compile.seconds,
+            }
+        except target.CompileError as e:
+            row = {"config": name, "error": str(e).splitlines()[0], "fits": False}
+        rows[name] = row
+        print(
+            f"{name:<40} "
+            + (
+                f"{row['memory_bytes'] / 2**30:6.2f} GiB/device {row['remat']:<7} "
+                f"loss_chunk={row['loss_chunk']} accum={row['accum']} "
+                f"{'fits' if row['fits'] else 'DOES NOT FIT'}"
+                if "error" not in row
+                else row["error"]
+            ),
+            flush=True,
+        )
+        _write(out, stem, t, env, list(rows.values()))
+    _write(out, stem, t, env, list(rows.values()))
+    bad = [r["config"] for r in rows.values() if not r.get("fits")]
+    print(f"{len(rows) - len(bad)} of {len(rows)} fit {t.budget_bytes / 2**30:.0f} GiB per device")
+    return 1 if bad else 0
+
+
+def _write(out: Path, stem: str, t, env: dict, rows: list[dict]) -> None:
+    meta = {
+        "environment": env,
+        "target": t.describe(),
+        "how": "compiled for the target with XLA's GPU compiler on a CPU-only machine; no run",
+    }
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    lines = [
+        f"# Run configs compiled for {t.name}: memory per device",
+        "",
+        f"{t.describe()}. Measured by compiling the trainer's step for the target on a machine "
+        f"without a GPU (deviceless XLA); jax {env['jax_version']}, commit {env['git_commit']}.",
+        "",
+        "| config | context | micro-batch x devices x accum | remat | loss chunk | GiB per device "
+        "| fits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["config"]):
+        if "error" in r:
+            lines.append(f"| {r['config']} | | | | | error: {r['error']} | no |")
+            continue
+        lines.append(
+            f"| {r['config']} | {r['context']} | {r['micro_batch']} x {r['devices']} x "
+            f"{r['accum']} | {r['remat']} | {r['loss_chunk']} | "
+            f"{r['memory_bytes'] / 2**30:.2f} | {'yes' if r['fits'] else 'no'} |"
+        )
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

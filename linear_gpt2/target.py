@@ -1,0 +1,660 @@
+"""Compile targets: the training step and attention kernels compiled for a GPU this machine lacks.
+
+JAX 0.11's CUDA plugin compiles "deviceless": ``topologies.get_topology_desc`` describes GPUs
+from an XLA ``GpuTargetConfigProto`` (``assets/targets/*.txtpb``), and a program lowered under
+that topology's abstract mesh runs XLA's real GPU pipeline: fusion, buffer assignment, cuDNN
+graphs, and Pallas kernels lowered to Triton and built by ptxas for sm_90a. Per program this
+gives, measured rather than modelled:
+
+- memory (:class:`~linear_gpt2.memory.MemoryReport`) as the H100 program would allocate it, so
+  whether a step fits, and the largest context that does, are decided by compiling;
+- per Pallas/Triton kernel (:class:`KernelReport`): grid, threads and shared memory (XLA's thunk
+  sequence), and registers and spills from ptxas's ``-v`` output when that log is captured
+  (:func:`enable_ptxas_log`, which ``scripts/compile.py`` calls);
+- failures: a kernel over the H100's shared memory fails to compile, and with ``fail_on_spill``
+  so does any kernel that spills registers to local memory.
+
+It gives no time (see ``benchmarks/roofline.py`` for a model), and matmul tiles are XLA's
+fallback choice rather than the ones autotuning would pick on a device, which shifts temporary
+memory (by up to ~30% in small tests): hence each target's budget, below its device memory.
+
+Kernel choices follow the target: code choosing between a GPU kernel and a CPU fallback asks
+:func:`platform`, which reads the abstract mesh being compiled for before the process's default
+backend, so ``kernel=auto`` resolves to cuDNN / Pallas when compiling for the H100 here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import functools
+import importlib.util
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from linear_gpt2.memory import GiB, MemoryReport, compiled_memory
+
+ASSETS = Path(__file__).parent / "assets" / "targets"
+PLUGIN_MODULE = "jax_plugins.xla_cuda13"
+INSTALL_HINT = "pip install -e '.[cuda]' (make setup installs it)"
+
+
+class TargetError(ValueError):
+    """An unknown target name (a usage error)."""
+
+
+class TargetUnavailableError(RuntimeError):
+    """The CUDA plugin needed to compile for a GPU target is missing or did not load."""
+
+
+class CompileError(RuntimeError):
+    """The program does not compile for the target (shared memory, register spills, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A GPU system to compile for: a device description and a topology."""
+
+    name: str
+    description: str
+    spec: str  # GpuTargetConfigProto text file in assets/targets/
+    topology: str  # "slices x hosts x devices per host"
+    # Bytes a program may use per device: the device's memory less a margin for what this
+    # compile cannot see (autotuned matmul tiles, cuDNN workspaces, the allocator's slack).
+    budget_bytes: int
+
+    @property
+    def n_devices(self) -> int:
+        return math.prod(int(n) for n in self.topology.split("x"))
+
+    @functools.cached_property
+    def spec_text(self) -> str:
+        return (ASSETS / self.spec).read_text()
+
+    @functools.cached_property
+    def device(self) -> dict[str, Any]:
+        """Fields of the device description: ``name``, ``device_memory_size``, ``core_count``,
+        ``shared_memory_per_block_optin``, ``registers_per_core_limit``, ..."""
+        info: dict[str, Any] = {}
+        for key, value in re.findall(r"^\s*(\w+): (\S.*)$", self.spec_text, re.M):
+            value = value.strip('"')
+            info.setdefault(key, int(value) if value.isdigit() else value)
+        return info
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {self.description}, {self.n_devices} device(s), budget "
+            f"{self.budget_bytes / GiB:.0f} GiB of {self.device['device_memory_size'] / GiB:.1f}"
+            " GiB per device"
+        )
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            "h100",
+            "NVIDIA H100 SXM 80 GB (the post's timing setup)",
+            "h100_sxm.txtpb",
+            "1x1x1",
+            72 * GiB,
+        ),  # fmt: skip
+        Target(
+            "h100x8",
+            "one node of 8 NVIDIA H100 SXM 80 GB (the post's learning runs)",
+            "h100_sxm.txtpb",
+            "1x1x8",
+            72 * GiB,
+        ),  # fmt: skip
+    )
+}
+DEFAULT = "h100"
+
+
+def names() -> list[str]:
+    return list(TARGETS)
+
+
+def get(name: str | Target) -> Target:
+    """The target called ``name``; an unknown name lists the valid ones."""
+    if isinstance(name, Target):
+        return name
+    if name not in TARGETS:
+        close = difflib.get_close_matches(str(name), names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TargetError(f"unknown target {name!r}{hint}; valid targets: {', '.join(names())}")
+    return TARGETS[name]
+
+
+def plugin_available() -> bool:
+    return importlib.util.find_spec(PLUGIN_MODULE) is not None
+
+
+@functools.cache
+def devices(name: str = DEFAULT) -> tuple[Any, ...]:
+    """The (compile-only) devices of target ``name``."""
+    t = get(name)
+    if not plugin_available():
+        raise TargetUnavailableError(
+            f"compiling for {t.name} needs JAX's CUDA plugin (jax-cuda13-plugin 0.11.2), which is "
+            f"not installed; install it with {INSTALL_HINT}"
+        )
+    from jax.experimental import topologies
+
+    try:
+        topo = topologies.get_topology_desc(
+            platform="cuda", topology_name=t.name, target_config=t.spec_text, topology=t.topology
+        )
+    except Exception as e:  # the plugin did not register (its CUDA check failed at start-up)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TargetUnavailableError(
+            f"the CUDA plugin did not load ({first}); set JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 "
+            "before JAX starts (importing linear_gpt2 first does this on machines without a GPU)"
+        ) from None
+    return tuple(topo.devices)
+
+
+def mesh(name: str = DEFAULT):
+    """A one-axis (``data``) mesh over the target's devices, as the trainer builds."""
+    from linear_gpt2.sharding import make_mesh
+
+    return make_mesh(list(devices(name)))
+
+
+def platform() -> str:
+    """``gpu`` while tracing for a GPU target (an abstract mesh of GPU devices is in context),
+    else the process's default backend. Kernel selection asks this, not the default backend."""
+    am = jax.sharding.get_abstract_mesh()
+    dev = None if am.empty else getattr(am, "abstract_device", None)
+    if dev is not None and getattr(dev, "platform", None):
+        return dev.platform
+    return jax.default_backend()
+
+
+def compiling_for_gpu() -> bool:
+    return platform() == "gpu"
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel reports: grid/threads/shared memory from XLA's thunk sequence, registers from ptxas
+
+
+@dataclasses.dataclass
+class KernelReport:
+    name: str
+    grid: tuple[int, int, int]
+    threads: tuple[int, int, int]
+    shared_memory: int  # bytes per block
+    registers: int | None = None  # per thread (None: ptxas log not captured)
+    spill_stores: int | None = None  # bytes per thread
+    spill_loads: int | None = None
+    stack_frame: int | None = None
+
+    @property
+    def programs(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def threads_per_block(self) -> int:
+        return math.prod(self.threads)
+
+    @property
+    def spills(self) -> int | None:
+        if self.spill_stores is None:
+            return None
+        return self.spill_stores + (self.spill_loads or 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "programs": self.programs}
+
+
+_THUNK = re.compile(
+    r"kCustomKernel\b.*?\]\s+(?P<name>\S+)\s+grid:\s*\[(?P<g>[\d,\s]+)\]\s+"
+    r"threads:\s*\[(?P<t>[\d,\s]+)\]\s+shared_memory:\s*(?P<smem>\d+)"
+)
+
+
+def parse_thunk_sequence(text: str, metadata: str | None = None) -> list[KernelReport]:
+    """Kernels of an XLA ``*.thunk_sequence.txt`` dump, in launch order. With ``metadata`` (the
+    ``*.thunk_metadata.txt`` beside it) only the Pallas kernels are kept: every kernel is a
+    ``kCustomKernel`` in XLA's thunk sequence, and the metadata's profile annotation
+    (``pallas_call.N``) is what tells a Pallas kernel from XLA's own fusions."""
+    pallas = None
+    if metadata is not None:
+        pallas = {
+            int(i)
+            for a, i in re.findall(r'profile_annotation: "([^"]*)"\s*thunk_id: (\d+)', metadata)
+            if a.startswith("pallas_call")
+        }
+    out = []
+    for line in text.splitlines():
+        m = _THUNK.search(line)
+        if not m:
+            continue
+        tid = re.match(r"\s*(\d+):", line)
+        if pallas is not None and (tid is None or int(tid[1]) not in pallas):
+            continue
+        g = tuple(int(x) for x in m["g"].replace(" ", "").split(",") if x)
+        t = tuple(int(x) for x in m["t"].replace(" ", "").split(",") if x)
+        out.append(KernelReport(m["name"], g, t, int(m["smem"])))  # type: ignore[arg-type]
+    return out
+
+
+def parse_ptxas_log(text: str) -> dict[str, dict[str, int]]:
+    """``{function: {registers, spill_stores, spill_loads, stack_frame}}`` from ptxas ``-v``
+    output (the last report wins where a function was built more than once)."""
+    out: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            current = m[1]
+            out.setdefault(current, {})
+            continue
+        m = re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
+        )
+        if m and current:
+            out[current].update(
+                stack_frame=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3])
+            )
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            out[current]["registers"] = int(m[1])
+    return out
+
+
+def enable_ptxas_log() -> None:
+    """Make XLA log ptxas's ``-v`` report (registers, spills) for every kernel it builds.
+
+    Must run before JAX's backends start (XLA reads its logging settings once); the
+    ``scripts/compile.py`` command calls it first thing. The log is INFO level: outside a
+    :func:`compile_program` call it would go to stderr, so keep this to compile runs."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    os.environ["TF_CPP_VMODULE"] = "subprocess_compilation=3"
+
+
+def ptxas_log_enabled() -> bool:
+    return os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0" and "subprocess_compilation" in (
+        os.environ.get("TF_CPP_VMODULE") or ""
+    )
+
+
+_GLOG_INFO = re.compile(r"^I\d{4} \d\d:\d\d:\d\d")
+
+
+@contextlib.contextmanager
+def _captured_stderr(enabled: bool) -> Iterator[list[str]]:
+    """Collect what native code writes to fd 2 (XLA's log) into the yielded list; afterwards
+    write back everything but INFO-level log records, so warnings and errors still show."""
+    box: list[str] = []
+    if not enabled:
+        yield box
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield box
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace")
+            box.append(text)
+            keep, in_info = [], False
+            for line in text.splitlines():
+                if _GLOG_INFO.match(line):
+                    in_info = True
+                    continue
+                if in_info and (line.startswith(("ptxas", " ", "\t")) or not line.strip()):
+                    continue  # continuation lines of a multi-line INFO record (ptxas output)
+                in_info = False
+                if "failed call to cuInit" not in line:
+                    keep.append(line)
+            if keep:
+                print("\n".join(keep), file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiling
+
+
+@dataclasses.dataclass
+class CompileReport:
+    target: Target
+    memory: MemoryReport
+    kernels: list[KernelReport]
+    seconds: float
+    what: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.target.budget_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target.name,
+            "what": self.what,
+            "memory": self.memory.as_dict(),
+            "budget_bytes": self.target.budget_bytes,
+            "fits": self.fits,
+            "kernels": [k.as_dict() for k in self.kernels],
+            "compile_seconds": self.seconds,
+        }
+
+
+def _first_error_line(err: BaseException) -> str:
+    text = str(err)
+    for pattern in (
+        r"Shared memory size limit exceeded[^\n]*",
+        r"Compilation result discarded due to register spilling[^\n]*",
+        r"RESOURCE_EXHAUSTED[^\n]*",
+    ):
+        m = re.search(pattern, text)
+        if m:
+            return m[0].strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def compile_program(
+    jitted: Any,
+    args: tuple[Any, ...],
+    target: str | Target = DEFAULT,
+    *,
+    kernels: bool = False,
+    fail_on_spill: bool = False,
+    compiler_options: dict[str, Any] | None = None,
+    what: str = "program",
+    keep_executable: bool = False,
+) -> CompileReport | tuple[CompileReport, Any]:
+    """Compile ``jitted(*args)`` for ``target``; ``args`` are ``jax.ShapeDtypeStruct`` carrying
+    shardings on :func:`mesh` (or concrete arrays). With ``kernels`` the Pallas/Triton kernels
+    are listed (grid, threads, shared memory; registers and spills if :func:`enable_ptxas_log`
+    ran); with ``fail_on_spill`` a kernel that spills registers is a :class:`CompileError`."""
+    t = get(target)
+    m = mesh(t.name)
+    options = dict(compiler_options or {})
+    if fail_on_spill:
+        options["xla_gpu_fail_ptx_compilation_on_register_spilling"] = True
+    dump = tempfile.mkdtemp(prefix="linear_gpt2_xla_dump_") if kernels else None
+    if dump:
+        options["xla_dump_to"] = dump
+    t0 = time.perf_counter()
+    try:
+        with _captured_stderr(kernels and ptxas_log_enabled()) as log:
+            try:
+                with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+                    lowered = jitted.lower(*args)
+                compiled = lowered.compile(compiler_options=options or None)
+            except Exception as e:
+                if isinstance(e, (TargetError, TargetUnavailableError)):
+                    raise
+                raise CompileError(
+                    f"{what} does not compile for {t.name}: {_first_error_line(e)}"
+                ) from e
+        seconds = time.perf_counter() - t0
+        found: list[KernelReport] = []
+        if dump:
+            for f in sorted(Path(dump).glob("*thunk_sequence.txt")):
+                meta = f.with_name(f.name.replace("thunk_sequence", "thunk_metadata"))
+                found += parse_thunk_sequence(
+                    f.read_text(), meta.read_text() if meta.exists() else None
+                )
+            ptxas = parse_ptxas_log("".join(log))
+            for k in found:
+                for key, value in ptxas.get(k.name, {}).items():
+                    setattr(k, key, value)
+    finally:
+        if dump:
+            shutil.rmtree(dump, ignore_errors=True)
+    memory = compiled_memory(compiled)
+    assert memory is not None, "the GPU compiler reports memory"
+    report = CompileReport(t, memory, found, seconds, what)
+    return (report, compiled) if keep_executable else report
+
+
+def abstract(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def replicated(target: str | Target = DEFAULT):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    return NamedSharding(mesh(get(target).name), P())
+
+
+def compile_attention(
+    name: str,
+    shape: tuple[int, int, int, int],
+    dtype: Any = "bfloat16",
+    target: str | Target = DEFAULT,
+    *,
+    backward: bool = True,
+    kernels: bool = True,
+    fail_on_spill: bool = False,
+    **options: Any,
+) -> CompileReport:
+    """Compile attention ``name`` alone at q, k, v ``shape`` = ``[B, T, H, D]``: forward, or
+    forward + backward (a VJP with a cotangent), for ``target``."""
+    import jax.numpy as jnp
+
+    from linear_gpt2 import attention
+
+    fn = attention.get(name, **options)
+    x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=replicated(target))
+    if backward:
+
+        def f(q, k, v, dy):
+            y, vjp = jax.vjp(fn, q, k, v)
+            return y, vjp(dy)
+
+        args: tuple[Any, ...] = (x, x, x, x)
+    else:
+        f, args = fn, (x, x, x)
+    opts = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+    what = f"{name} {'forward+backward' if backward else 'forward'} {list(shape)} {dtype}" + (
+        f" ({opts})" if opts else ""
+    )
+    out = compile_program(
+        jax.jit(f), args, target, kernels=kernels, fail_on_spill=fail_on_spill, what=what
+    )
+    assert isinstance(out, CompileReport)
+    return out
+
+
+def compile_fn(target: str | Target = DEFAULT) -> Callable[..., Any]:
+    """``(jitted, args) -> (MemoryReport, executable)`` for ``target``: what the memory planner
+    (``memory_plan.plan``) calls to price a candidate."""
+
+    def run(jitted, args, what="train step"):
+        report, compiled = compile_program(jitted, args, target, what=what, keep_executable=True)
+        return report.memory, compiled
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# The training step
+
+
+@dataclasses.dataclass
+class StepReport:
+    """A training step compiled for a target, with ``auto`` memory settings resolved."""
+
+    config: Any  # the resolved ModelConfig
+    compile: CompileReport
+    plan: Any  # memory_plan.Plan
+    accum: int
+    batch: int  # global sequences per micro-step
+    context: int
+
+    @property
+    def fits(self) -> bool:
+        return self.plan.fits
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.compile.as_dict(),
+            "fits": self.fits,
+            "remat": self.config.remat,
+            "loss_chunk": self.config.loss_chunk,
+            "attention": self.config.attention,
+            "kernel": self.config.kernel,
+            "accum": self.accum,
+            "batch": self.batch,
+            "context": self.context,
+            "tried": [(name, m.total) for name, m in self.plan.tried],
+        }
+
+
+def compile_train_step(
+    cfg: Any,
+    target: str | Target = DEFAULT,
+    *,
+    batch: int = 1,
+    accum: int = 1,
+    context: int | None = None,
+    fsdp: bool = False,
+    kernels: bool = False,
+    fail_on_spill: bool = False,
+    budget_bytes: int | None = None,
+    start_rung: int = 0,
+) -> StepReport:
+    """Compile the trainer's step (``train_step.jit_train_step``: clip + AdamW, state donated)
+    for ``cfg`` (a ``ModelConfig``) on ``target``: ``accum`` micro-steps of ``batch`` sequences
+    (global, split over the target's devices) of ``context`` tokens (default ``block_size``).
+    ``remat`` / ``loss_chunk`` ``auto`` are resolved by ``memory_plan.plan`` against the target's
+    budget (or ``budget_bytes``); the report is that of the chosen setting."""
+    from linear_gpt2 import memory_plan
+    from linear_gpt2.config import TrainConfig
+    from linear_gpt2.optim import optimizer
+    from linear_gpt2.train_step import jit_train_step
+
+    t = get(target)
+    budget = t.budget_bytes if budget_bytes is None else budget_bytes
+    tx = optimizer(TrainConfig())
+    reports: dict[Any, CompileReport] = {}
+
+    def compile_candidate(c):
+        program = jit_train_step(
+            c, tx, mesh(t.name), accum=accum, batch=batch, context=context, fsdp=fsdp
+        )
+        what = f"{c.attention} step, {c.n_layer}L {c.n_embd}C, context {context or c.block_size}"
+        report = compile_program(
+            program.step,
+            program.args,
+            t,
+            kernels=kernels,
+            fail_on_spill=fail_on_spill,
+            what=f"{what} ({memory_plan.label(c)})",
+        )
+        assert isinstance(report, CompileReport)
+        reports[c] = report
+        return report.memory, None
+
+    chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung)
+    if chosen.config not in reports:  # fully explicit settings: plan() compiled nothing
+        compile_candidate(chosen.config)
+        mem = reports[chosen.config].memory
+        chosen = dataclasses.replace(
+            chosen, fits=mem.total <= budget, budget=budget, memory=mem,
+            tried=[(memory_plan.label(chosen.config), mem)],
+        )  # fmt: skip
+    return StepReport(
+        chosen.config,
+        reports[chosen.config],
+        chosen,
+        accum,
+        batch,
+        context or cfg.block_size,
+    )
+
+
+def with_context(cfg: Any, context: int) -> Any:
+    """``cfg`` at another context: ``block_size`` (hence the position table) follows it."""
+    return cfg.replace(block_size=context)
+
+
+def largest_context(
+    cfg: Any,
+    target: str | Target = DEFAULT,
+    *,
+    batch: int = 1,
+    lo: int = 1024,
+    hi: int = 2**21,
+    budget_bytes: int | None = None,
+    on_report: Callable[[int, StepReport], None] | None = None,
+) -> tuple[int | None, dict[int, StepReport]]:
+    """The largest power-of-two context in [lo, hi] whose step fits (memory settings as in
+    ``cfg``, ``auto`` resolved), by bisection over the exponents (fitting is monotone in the
+    context). Returns it (None if even ``lo`` does not fit) and the reports compiled."""
+    reports: dict[int, StepReport] = {}
+
+    def fits(T: int) -> bool:
+        r = compile_train_step(with_context(cfg, T), target, batch=batch, budget_bytes=budget_bytes)
+        reports[T] = r
+        if on_report:
+            on_report(T, r)
+        return r.fits
+
+    a, b = int(math.log2(lo)), int(math.log2(hi))
+    if not fits(2**a):
+        return None, reports
+    best = a
+    while a < b:  # invariant: 2**best fits; everything above 2**b is unknown or does not fit
+        mid = (best + b + 1) // 2
+        if fits(2**mid):
+            best, a = mid, mid
+        else:
+            b = mid - 1
+    return 2**best, reports
+
+
+def compile_config(
+    cfg: Any,
+    target: str | Target = DEFAULT,
+    *,
+    batch: int | None = None,
+    kernels: bool = False,
+    fail_on_spill: bool = False,
+    budget_bytes: int | None = None,
+) -> StepReport:
+    """Compile the step a run config (``config.Config``) trains with on ``target``'s devices:
+    ``train.tokens_per_update`` split into micro-batches over the devices as the trainer does
+    (``trainer.plan_batches``), or with ``batch`` one micro-step of that many sequences."""
+    from linear_gpt2.trainer import plan_batches
+
+    t = get(target)
+    if batch is not None:
+        accum, global_batch = 1, batch
+    else:
+        bp = plan_batches(cfg, t.n_devices, 1)
+        accum, global_batch = bp.accum, bp.micro_batch * bp.devices
+    return compile_train_step(
+        cfg.model_config,
+        t,
+        batch=global_batch,
+        accum=accum,
+        context=cfg.data.context,
+        fsdp=cfg.train.fsdp,
+        kernels=kernels,
+        fail_on_spill=fail_on_spill,
+        budget_bytes=budget_bytes,
+    )

@@ -1,0 +1,144 @@
+"""The memory options (model.loss_chunk, model.remat) change memory, never the function: the fused
+head + loss and every rematerialisation policy give nanoGPT's loss and gradients; ``auto`` picks
+the cheapest setting that fits, and on a device without a known limit (CPU) compiles exactly the
+program it compiled before the options existed."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linear_gpt2 import memory_plan
+from linear_gpt2.config import ConfigError, ModelConfig, load_config
+from linear_gpt2.loss import cross_entropy, head_cross_entropy
+from linear_gpt2.memory import MemoryReport
+from linear_gpt2.model import init_params, loss_fn
+from tests.helpers import rel_err
+
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
+
+
+def _plain_head_loss(x, w, t, dtype):
+    logits = jnp.einsum(
+        "...c,vc->...v", x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32
+    )
+    return cross_entropy(logits, t)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape, chunk", [((3, 37), 8), ((1, 64), 64), ((2, 50), 1000)])
+def test_fused_loss_equals_plain_loss_and_gradients(dtype, shape, chunk):
+    rng = np.random.default_rng(0)
+    V, C = 101, 24
+    x = jnp.asarray(rng.standard_normal((*shape, C)).astype(np.float32))
+    w = jnp.asarray(0.3 * rng.standard_normal((V, C)).astype(np.float32))
+    t = jnp.asarray(rng.integers(-1, V, shape))  # -1: ignored, as nanoGPT's ignore_index
+    fused = lambda x, w: head_cross_entropy(x, w, t, chunk=chunk, dtype=dtype)
+    plain = lambda x, w: _plain_head_loss(x, w, t, dtype)
+    (l1, g1), (l0, g0) = (jax.jit(jax.value_and_grad(f, (0, 1)))(x, w) for f in (fused, plain))
+    tol = 1e-6 if dtype == "float32" else 1e-5  # bf16: same ops, summation order only
+    assert abs(float(l1) - float(l0)) <= tol * abs(float(l0))
+    assert rel_err(g1[0], g0[0]) <= tol and rel_err(g1[1], g0[1]) <= tol
+
+
+def test_fused_loss_with_every_target_ignored_is_zero_with_zero_gradients():
+    x, w = jnp.ones((1, 8, 4)), jnp.ones((5, 4))
+    t = -jnp.ones((1, 8), jnp.int32)
+    loss, (gx, gw) = jax.value_and_grad(lambda x, w: head_cross_entropy(x, w, t, chunk=3), (0, 1))(
+        x, w
+    )
+    assert float(loss) == 0.0 and not np.any(np.asarray(gx)) and not np.any(np.asarray(gw))
+
+
+CFG = ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=97, block_size=64)
+
+
+# Each policy and the fused loss at least once, each attention family once (compiles dominate).
+@pytest.mark.parametrize(
+    "attention, loss_chunk, remat",
+    [
+        ("softmax", 16, "none"),
+        ("LT_chunked", 0, "dots"),
+        ("flash", 7, "full"),
+        ("LT_attention_parallel", 0, "offload"),
+    ],
+)
+def test_model_loss_and_grads_unchanged_by_memory_options(attention, loss_chunk, remat):
+    cfg = CFG.replace(attention=attention, chunk_size=16, loss_chunk=0, remat="none")
+    params = init_params(cfg, 0)
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.integers(0, 97, (2, 32)))
+    y = jnp.asarray(rng.integers(-1, 97, (2, 32)))
+    vg = jax.jit(jax.value_and_grad(loss_fn), static_argnums=3)
+    l0, g0 = vg(params, x, y, cfg)
+    l1, g1 = vg(params, x, y, cfg.replace(loss_chunk=loss_chunk, remat=remat))
+    assert abs(float(l1) - float(l0)) <= 1e-6 * float(l0)
+    worst = max(jax.tree.leaves(jax.tree.map(rel_err, g1, g0)))
+    assert worst <= 1e-6, worst
+
+
+def test_config_accepts_policies_and_booleans_and_rejects_the_rest():
+    assert load_config(None, ["model.remat=true"]).model.remat == "full"
+    assert load_config(None, ["model.remat=false"]).model.remat == "none"
+    assert load_config(None, ["model.remat=offload"]).model.remat == "offload"
+    assert load_config(None, ["model.loss_chunk=2048"]).model.loss_chunk == 2048
+    with pytest.raises(ConfigError, match=r"model.remat.*'ful'.*did you mean 'full'"):
+        load_config(None, ["model.remat=ful"])
+    with pytest.raises(ConfigError, match="model.loss_chunk"):
+        load_config(None, ["model.loss_chunk=-4"])
+
+
+# --------------------------------------------------------------------------------------------
+# auto
+
+
+def _mem(total: int) -> MemoryReport:
+    return MemoryReport(arguments=0, outputs=0, temporaries=total, aliased=0)
+
+
+def test_plan_takes_the_cheapest_candidate_that_fits():
+    cost = {(0, "none"): 100, (4096, "none"): 80, (4096, "dots"): 40, (4096, "full"): 20}
+    seen = []
+
+    def compile_candidate(c):
+        seen.append((c.loss_chunk, c.remat))
+        return _mem(cost.get((c.loss_chunk, c.remat), 10)), f"exe-{c.remat}"
+
+    p = memory_plan.plan(CFG, compile_candidate, budget=50)
+    assert (p.config.loss_chunk, p.config.remat) == (4096, "dots") and p.fits
+    assert p.executable == "exe-dots" and seen == [(0, "none"), (4096, "none"), (4096, "dots")]
+    # Explicit values are kept: only the auto field varies.
+    p = memory_plan.plan(CFG.replace(remat="full"), compile_candidate, budget=50)
+    assert (p.config.loss_chunk, p.config.remat) == (0, "full")
+    # Nothing fits: the most frugal candidate, reported as not fitting, every memory listed.
+    p = memory_plan.plan(CFG, compile_candidate, budget=5)
+    assert not p.fits and p.config.remat == "offload" and len(p.tried) == 5
+
+
+def test_plan_without_a_memory_limit_compiles_nothing_and_keeps_todays_program():
+    def never(c):
+        raise AssertionError("compiled")
+
+    p = memory_plan.plan(CFG, never, budget=None)
+    assert (p.config.loss_chunk, p.config.remat) == (0, "none") and p.executable is None
+    assert memory_plan.device_budget() is None  # the CPU reports no limit
+
+
+def test_default_cpu_step_is_the_program_compiled_before_the_options():
+    """auto resolves to (loss_chunk 0, remat none) on CPU: the lowered step is identical to the
+    explicit plain one, i.e. the default run's compiled step is unchanged."""
+    from linear_gpt2.config import TrainConfig
+    from linear_gpt2.optim import optimizer
+    from linear_gpt2.sharding import make_mesh
+    from linear_gpt2.train_step import jit_train_step
+
+    tx, mesh = optimizer(TrainConfig()), make_mesh(jax.devices()[:1])
+    assert (CFG.loss_chunk, CFG.remat) == ("auto", "auto")
+    texts = []
+    # The unresolved auto config as the model sees it, and the explicit plain settings.
+    for cfg in (CFG, CFG.replace(loss_chunk=0, remat="none")):
+        prog = jit_train_step(cfg, tx, mesh, accum=2, batch=1, context=32)
+        texts.append(prog.step.lower(*prog.args).as_text())
+    assert texts[0] == texts[1]
