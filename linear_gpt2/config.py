@@ -46,6 +46,17 @@ def _check_choice(value: str, key: str, valid: tuple[str, ...] | list[str]) -> N
 FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
 KERNELS = ("auto", "xla", "pallas", "triton", "cudnn")
 SCANS = ("cumsum", "associative")
+# What the linear state forgets (attention.decay): none; fixed (RetNet's per-head gamma_h); gate
+# (gamma_i = sigmoid(w_h . x_i + b_h), a learned projection per head).
+DECAYS = ("none", "fixed", "gate")
+LINEAR_ATTENTIONS = (
+    "LT_attention",
+    "LT_attention_parallel_no_flash",
+    "LT_attention_parallel",
+    "LT_state",
+    "LT_state_parallel",
+    "LT_chunked",
+)
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block in the backward pass (model.remat): none; dots (keep the matmul
 # outputs, recompute the rest); full (keep only each block's input); offload (full, with each
@@ -138,6 +149,12 @@ class AttentionOptions:
     scan: str = "cumsum"
     # Added to the linear-attention normaliser sum_j phi(q_i).phi(k_j) before dividing.
     eps: float = 1e-6
+    # Restart at every document start (after each EOT of the packed rows): the linear state and
+    # normaliser are zeroed there, softmax / flash do not attend across documents. Off: the
+    # post's setting (packed documents see each other).
+    doc_reset: bool = False
+    # Decay of the linear state, S_i = gamma_i S_{i-1} + phi(k_i) v_i^T (DECAYS above).
+    decay: str = "none"
 
     def _validate_attention(self, name: str, prefix: str) -> None:
         _check_choice(name, f"{prefix}name" if prefix else "attention", attention_registry.names())
@@ -146,6 +163,13 @@ class AttentionOptions:
         _check_choice(self.scan, f"{prefix}scan", SCANS)
         _check_chunk_size(self.chunk_size, f"{prefix}chunk_size")
         _check(self.eps >= 0.0, f"{prefix}eps", f"must be >= 0, got {self.eps}")
+        _check_choice(self.decay, f"{prefix}decay", DECAYS)
+        _check(
+            self.decay == "none" or name in LINEAR_ATTENTIONS,
+            f"{prefix}decay",
+            f"decay={self.decay!r} applies to the linear attentions (a state to decay); "
+            f"{name!r} has none. Use one of {', '.join(LINEAR_ATTENTIONS)}, or decay=none",
+        )
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,27 @@ class ShapeMismatchError(CheckpointError):
         self.keys = keys
 
 
+class UnrepresentableError(CheckpointError):
+    """A model that GPT-2 (nanoGPT, Hugging Face) cannot represent: a decaying linear state."""
+
+
+def _check_representable(config: ModelConfig, direction: str) -> None:
+    if config.decay == "none":
+        return
+    if direction == "import" and config.decay == "fixed":
+        return  # the fixed decay has no parameters: GPT-2's weights are all the model needs
+    what = (
+        "has no c_gate weights for it; import with attention.decay=none or fixed and train the "
+        "gate from its initialisation"
+        if direction == "import"
+        else "cannot represent it (its attention has no decay); export a model trained with "
+        "attention.decay=none"
+    )
+    raise UnrepresentableError(
+        f"attention.decay={config.decay!r}: a nanoGPT / Hugging Face GPT-2 checkpoint {what}"
+    )
+
+
 class VocabSizeMismatchError(ShapeMismatchError):
     """The checkpoint's vocabulary differs from ``config.vocab_size``; says which to set."""
 
@@ -370,6 +391,7 @@ def _describe_expected(config: ModelConfig) -> str:
 
 
 def _from_state_dict(state_dict: Mapping[str, Any], config: ModelConfig, format: Format) -> Params:
+    _check_representable(config, "import")
     import jax.numpy as jnp  # deferred: the file helpers work without initialising JAX
 
     sd = _normalize(state_dict)
@@ -475,6 +497,7 @@ def _validate_params(params: Params, config: ModelConfig) -> dict[tuple[str, ...
 
 
 def _to_state_dict(params: Params, config: ModelConfig, format: Format) -> StateDict:
+    _check_representable(config, "export")
     flat = _validate_params(params, config)
 
     def f32(a: np.ndarray) -> np.ndarray:

@@ -150,7 +150,12 @@ def train(cfg: Config) -> RunResult:
 
     checkpointer = ckpt_lib.Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     loader = data_lib.make_loader(
-        cfg.data, "train", plan.local_sequences, jax.process_index(), jax.process_count()
+        cfg.data,
+        "train",
+        plan.local_sequences,
+        jax.process_index(),
+        jax.process_count(),
+        segments=cfg.attention.doc_reset,
     )
     state, start_step = None, 0
     resume = cfg.checkpoint.resume
@@ -190,7 +195,15 @@ def train(cfg: Config) -> RunResult:
 
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
     train_step, model_cfg = _planned_train_step(cfg, model_cfg, tx, mesh, plan, log)
-    eval_step = jax.jit(make_eval_step(model_cfg), in_shardings=(state_sh.params, batch3, batch3))
+    eval_step = jax.jit(
+        make_eval_step(model_cfg),
+        in_shardings=(
+            state_sh.params,
+            batch3,
+            batch3,
+            *((batch3,) if cfg.attention.doc_reset else ()),
+        ),
+    )
 
     tokens_per_update = plan.sequences * cfg.data.context
     flops_update = flops_per_token(model_cfg, n_params, cfg.data.context) * tokens_per_update
@@ -201,12 +214,14 @@ def train(cfg: Config) -> RunResult:
     stopped_by = "max_steps"
     step = start_step
 
-    def to_global(batch: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
+    def to_global(batch: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
+        """(inputs, targets[, segments]) as global ``[accum, micro, T]`` arrays."""
         local_micro = plan.local_sequences // plan.accum
         shape = (plan.accum, local_micro, cfg.data.context)
-        x = batch["inputs"].astype(np.int32).reshape(shape)
-        y = batch["targets"].astype(np.int32).reshape(shape)
-        return global_batch(x, mesh, 1), global_batch(y, mesh, 1)
+        keys = (
+            ("inputs", "targets", "segments") if cfg.attention.doc_reset else ("inputs", "targets")
+        )
+        return tuple(global_batch(batch[k].astype(np.int32).reshape(shape), mesh, 1) for k in keys)
 
     def save(at: int, force: bool = False) -> None:
         nonlocal last_saved
@@ -223,10 +238,10 @@ def train(cfg: Config) -> RunResult:
     try:
         with _StopFlag() as stop:
             while step < total:
-                inputs, targets = to_global(next(loader))
+                arrays = to_global(next(loader))
                 t0 = time.perf_counter()
                 try:
-                    state, metrics = train_step(state, inputs, targets, rng)
+                    state, metrics = train_step(state, arrays[0], arrays[1], rng, *arrays[2:])
                     metrics = jax.device_get(metrics)  # waits for the device: the time is real
                 except Exception as e:
                     if is_oom(e):
@@ -341,13 +356,17 @@ def _evaluate(eval_step, params, to_global, cfg: Config, plan: BatchPlan) -> flo
     """Mean loss over the first ``log.eval_batches`` batches of the held-out split (the same
     batches at every evaluation, so the numbers compare across steps and runs)."""
     loader = data_lib.make_loader(
-        cfg.data, "validation", plan.local_sequences, jax.process_index(), jax.process_count()
+        cfg.data,
+        "validation",
+        plan.local_sequences,
+        jax.process_index(),
+        jax.process_count(),
+        segments=cfg.attention.doc_reset,
     )
     losses = []
     try:
         for _, batch in zip(range(cfg.log.eval_batches), loader):
-            x, y = to_global(batch)
-            losses.append(float(eval_step(params, x, y)))
+            losses.append(float(eval_step(params, *to_global(batch))))
     finally:
         loader.close()
     return float(np.mean(losses)) if losses else None

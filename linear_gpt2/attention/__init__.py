@@ -56,7 +56,7 @@ _VARIANTS: dict[str, str] = {
 
 # Every option any variant may read; ModelConfig carries all of them, so ``get`` accepts all and
 # passes each variant only the ones it declares.
-ALL_OPTIONS = ("feature_map", "chunk_size", "kernel", "scan", "eps")
+ALL_OPTIONS = ("feature_map", "chunk_size", "kernel", "scan", "eps", "doc_reset", "decay")
 
 
 class UnknownAttentionError(ValueError):

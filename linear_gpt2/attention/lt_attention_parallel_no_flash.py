@@ -20,13 +20,17 @@ F32 = jnp.float32
 
 
 def lt_attention_parallel_no_flash(
-    fq: jax.Array, fk: jax.Array, v: jax.Array
+    fq: jax.Array, fk: jax.Array, v: jax.Array, forget: linear.Forget | None = None
 ) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) with the ``[B, H, T, T]``
-    score matrix materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
-    T = fq.shape[1]
+    score matrix materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` (see
+    ``linear.Forget``) multiplies the scores by the pair weights exp(A_i - A_j) (same document)."""
+    T, H = fq.shape[1], fq.shape[2]
     A = jnp.einsum("bihd,bjhd->bhij", fq, fk, preferred_element_type=F32)
-    A = jnp.where(linear.causal_mask(T), A, 0.0)
+    if forget is None:
+        A = jnp.where(linear.causal_mask(T), A, 0.0)
+    else:
+        A = A * linear.pair_weights(forget, T, H)
     num = jnp.einsum("bhij,bjhd->bihd", A.astype(v.dtype), v, preferred_element_type=F32)
     den = jnp.swapaxes(A.sum(-1), 1, 2)  # [B, H, T] -> [B, T, H]
     return num, den

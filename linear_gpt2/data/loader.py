@@ -333,15 +333,21 @@ class Prefetcher:
 
 
 class Loader:
-    """Iterator of batches ``{"inputs": int32 [B, T], "targets": int32 [B, T]}`` (numpy).
+    """Iterator of batches ``{"inputs": int32 [B, T], "targets": int32 [B, T]}`` (numpy), and
+    ``"segments"`` (int32 [B, T], document ids) when made with ``segments=True``.
 
     ``B`` is this host's batch size, ``T`` the context. ``state_dict()`` is a JSON-able dict; a new
     loader given it by ``load_state_dict`` continues with exactly the next batch, provided the
     number of hosts (``process_count``), batch size, context, seed and data are the same.
     """
 
-    def __init__(self, source: _Source, meta: dict[str, Any], prefetch: int = 2):
+    def __init__(
+        self, source: _Source, meta: dict[str, Any], prefetch: int = 2, segments: bool = False
+    ):
         self.source, self.meta, self.prefetch = source, meta, prefetch
+        # Also yield "segments" (int32 [B, T] document ids, packing.document_ids): derived from
+        # the same windows, so accumulation, sharding and resume carry them like the tokens.
+        self.segments = segments
         self._state = source.initial_state()
         self._it: Prefetcher | Iterator[Any] | None = None
 
@@ -360,7 +366,7 @@ class Loader:
             self._it = Prefetcher(make, self.prefetch) if self.prefetch > 0 else make()
         windows, state = next(self._it)
         self._state = state
-        return split_window(windows)
+        return split_window(windows, self.segments)
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "kind": self.source.kind, **self.meta, **self._state}

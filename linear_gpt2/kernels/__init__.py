@@ -135,6 +135,24 @@ def resolve_kernel(kernel: str, variant: str, valid: tuple[str, ...], chunk_size
     return "pallas"
 
 
+def forget_fallback(kernel: str, name: str, variant: str) -> str:
+    """The implementation when resets / decay gates are on and the fused kernel ``name`` does
+    not take them: ``kernel=auto`` falls back to xla (with a warning), an explicit fused kernel
+    is an error naming the alternatives."""
+    import warnings
+
+    if kernel != "auto":
+        raise NotImplementedError(
+            f"{variant}: kernel={name!r} does not support attention.doc_reset / attention.decay "
+            f"yet; use kernel=xla or kernel=auto"
+        )
+    warnings.warn(
+        f"{variant}: the {name} kernel does not take resets / decay gates; using kernel=xla",
+        stacklevel=3,
+    )
+    return "xla"
+
+
 def check_chunk_option(chunk_size, variant: str) -> None:
     """``chunk_size`` is a positive int or the string ``auto``."""
     if chunk_size == "auto":
