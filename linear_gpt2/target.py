@@ -372,6 +372,34 @@ def _first_error_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+@contextlib.contextmanager
+def _cudnn_checks_for(t: Target) -> Iterator[None]:
+    """JAX 0.11.2's cuDNN attention checks its support conditions in Python against the
+    process's default backend (``fused_attention_stablehlo.check_compute_capability``): on a
+    machine without a GPU it concludes "not Hopper" and refuses what the H100 supports (the
+    packed layout of ``flash`` with document resets; head dims up to 256). While compiling for a
+    target, answer those two checks with the target's compute capability instead."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+    except ImportError:  # pragma: no cover - a JAX without cuDNN attention
+        yield
+        return
+    cc = tuple(int(x) for x in str(devices(t.name)[0].compute_capability).split("."))
+
+    def at_least(capability: str) -> bool:
+        return cc >= tuple(int(x) for x in capability.split("."))
+
+    def equal(capability: str) -> bool:
+        return cc == tuple(int(x) for x in capability.split("."))
+
+    saved = fa.check_compute_capability, fa.is_cuda_compute_capability_equal
+    fa.check_compute_capability, fa.is_cuda_compute_capability_equal = at_least, equal
+    try:
+        yield
+    finally:
+        fa.check_compute_capability, fa.is_cuda_compute_capability_equal = saved
+
+
 def compile_program(
     jitted: Any,
     args: tuple[Any, ...],
@@ -399,7 +427,7 @@ def compile_program(
     try:
         with _captured_stderr(kernels and ptxas_log_enabled()) as log:
             try:
-                with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+                with jax.sharding.use_abstract_mesh(m.abstract_mesh), _cudnn_checks_for(t):
                     lowered = jitted.lower(*args)
                 compiled = lowered.compile(compiler_options=options or None)
             except Exception as e:

@@ -145,6 +145,26 @@ def test_flash_auto_is_cudnn_for_the_h100():
     assert "cudnn" in compiled.as_text().lower()
 
 
+def test_flash_with_document_resets_is_cudnn_packed_for_the_h100():
+    """cuDNN's packed sequences (JAX's own check reads the default backend; the target's
+    compute capability answers it while compiling for the H100)."""
+    from linear_gpt2 import attention
+
+    rep = target.replicated()
+    x = jax.ShapeDtypeStruct((1, 2048, 12, 64), "bfloat16", sharding=rep)
+    r = jax.ShapeDtypeStruct((1, 2048), "bool", sharding=rep)
+    fn = attention.get("flash")
+
+    def f(q, k, v, resets, dy):
+        y, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, resets=resets), q, k, v)
+        return y, vjp(dy)
+
+    _, compiled = target.compile_program(
+        jax.jit(f), (x, x, x, r, x), "h100", keep_executable=True
+    )
+    assert compiled.as_text().count("__cudnn$fmha") == 2  # forward and backward
+
+
 # --------------------------------------------------------------------------------------------
 # The 124M training step at 64k tokens (batch 1, bf16, AdamW): the post's timing setting
 
