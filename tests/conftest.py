@@ -13,6 +13,7 @@ for var, value in {
     "XDG_CACHE_HOME": os.path.join(_tmp, "cache"),
     "XDG_CONFIG_HOME": os.path.join(_tmp, "config"),
     "HF_HOME": os.path.join(_tmp, "hf"),
+    "LINEAR_GPT2_CACHE": os.path.join(_tmp, "linear_gpt2_cache"),
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
