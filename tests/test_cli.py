@@ -350,3 +350,29 @@ def test_entry_points_write_nothing_under_home(tmp_path):
     ok(s("bench_step.py"), *bench, "--contexts", "64", "--no-plot", "--repeats", "1")
     ok(s("bench_sample.py"), *bench, "--contexts", "64", "--steps", "1", "--rounds", "1")
     assert (tmp_path / "cache").is_dir()  # the caches went to the project's cache directory
+
+
+def test_env_defaults_keep_what_the_user_set(tmp_path, monkeypatch):
+    from linear_gpt2 import env
+
+    monkeypatch.setenv("LINEAR_GPT2_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MPLCONFIGDIR", "/my/matplotlib")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "XDG_CONFIG_HOME", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    d = env.defaults()
+    assert d["MPLCONFIGDIR"] == str(tmp_path / "cache" / "matplotlib")
+    assert d["WANDB_CACHE_DIR"] == str(tmp_path / "cache" / "wandb" / "cache")
+    assert d["WANDB_CONFIG_DIR"] == str(tmp_path / "cache" / "wandb" / "config")
+    settings = tmp_path / "home" / ".config" / "wandb" / "settings"
+    settings.parent.mkdir(parents=True)
+    settings.write_text("[default]\nentity = me\n")
+    assert "WANDB_CONFIG_DIR" not in env.defaults()  # an existing wandb setup stays in use
+    saved = dict(os.environ)
+    try:
+        changed = env.configure()
+        assert os.environ["MPLCONFIGDIR"] == "/my/matplotlib" and "MPLCONFIGDIR" not in changed
+        assert changed["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
