@@ -25,10 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from linear_gpt2 import attention as attention_registry
+from linear_gpt2.errors import UsageError
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run, with the offending key and what would be valid."""
+class ConfigError(UsageError):
+    """A configuration that cannot run, with the offending key and what would be valid (a
+    ``ValueError``; the command line exits 2)."""
 
 
 def _check(cond: bool, key: str, message: str) -> None:
@@ -437,8 +439,13 @@ def _translate(err: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    with path.open() as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with path.open() as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid YAML ({_yaml_problem(e)})"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}"
@@ -449,6 +456,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     for base in [bases] if isinstance(bases, str) else bases:
         merged = _deep_merge(merged, _read_yaml(path.parent / base))
     return _deep_merge(merged, data)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -535,19 +548,22 @@ def diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
     return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m linear_gpt2.config CONFIG [key=value ...]``: print the resolved config."""
-    import sys
-
-    args = list(sys.argv[1:] if argv is None else argv)
+def _print_config(argv: list[str]) -> int:
+    args = list(argv)
+    if args and args[0] in ("-h", "--help"):
+        print(main.__doc__)
+        return 0
     path = args.pop(0) if args and "=" not in args[0] else None
-    try:
-        cfg = load_config(path, args)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    print(cfg.to_yaml(), end="")
+    print(load_config(path, args).to_yaml(), end="")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m linear_gpt2.config CONFIG [key=value ...]``: print the resolved config
+    (exit 2 with a one-line error for a bad key or value)."""
+    from linear_gpt2 import cli
+
+    return cli.run(_print_config, argv)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 
 from linear_gpt2.config import ModelConfig
+from linear_gpt2.errors import UsageError
 
 Params = dict[str, Any]
 StateDict = dict[str, np.ndarray]
@@ -66,7 +67,7 @@ _LAYER = re.compile(r"^transformer\.h\.(\d+)\.")
 # Errors
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A state dict that does not fit the model config (base class of the specific errors)."""
 
 

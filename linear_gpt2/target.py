@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 
+from linear_gpt2.errors import RunError, UsageError
 from linear_gpt2.memory import GiB, MemoryReport, compiled_memory
 
 ASSETS = Path(__file__).parent / "assets" / "targets"
@@ -50,15 +51,15 @@ PLUGIN_MODULE = "jax_plugins.xla_cuda13"
 INSTALL_HINT = "pip install -e '.[cuda]' (make setup installs it)"
 
 
-class TargetError(ValueError):
-    """An unknown target name (a usage error)."""
+class TargetError(UsageError):
+    """An unknown target name (a usage error: exit 2)."""
 
 
-class TargetUnavailableError(RuntimeError):
+class TargetUnavailableError(RunError):
     """The CUDA plugin needed to compile for a GPU target is missing or did not load."""
 
 
-class CompileError(RuntimeError):
+class CompileError(RunError):
     """The program does not compile for the target (shared memory, register spills, ...)."""
 
 

@@ -159,9 +159,7 @@ def test_flash_with_document_resets_is_cudnn_packed_for_the_h100():
         y, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, resets=resets), q, k, v)
         return y, vjp(dy)
 
-    _, compiled = target.compile_program(
-        jax.jit(f), (x, x, x, r, x), "h100", keep_executable=True
-    )
+    _, compiled = target.compile_program(jax.jit(f), (x, x, x, r, x), "h100", keep_executable=True)
     assert compiled.as_text().count("__cudnn$fmha") == 2  # forward and backward
 
 

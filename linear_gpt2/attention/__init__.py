@@ -20,6 +20,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from linear_gpt2.errors import UsageError
+
 AttentionFn = Callable[..., Any]
 
 
@@ -59,8 +61,8 @@ _VARIANTS: dict[str, str] = {
 ALL_OPTIONS = ("feature_map", "chunk_size", "kernel", "scan", "eps", "doc_reset", "decay")
 
 
-class UnknownAttentionError(ValueError):
-    pass
+class UnknownAttentionError(UsageError):
+    """An attention name or kernel that is not registered (a ``ValueError``)."""
 
 
 def names() -> list[str]:

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 
 from linear_gpt2.attention import Decoder
 from linear_gpt2.attention import softmax as _softmax
+from linear_gpt2.errors import DeviceError
 
 OPTIONS: tuple[str, ...] = ("kernel",)
 SUPPORTS_DROPOUT = False
@@ -66,7 +67,7 @@ _PALLAS_BLOCK_BWD = 32
 _PALLAS_MIN_BLOCK = 16
 
 
-class KernelUnavailableError(RuntimeError):
+class KernelUnavailableError(DeviceError):
     """The requested attention kernel cannot run on this backend or for these inputs."""
 
 

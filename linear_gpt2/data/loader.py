@@ -27,7 +27,7 @@ import numpy as np
 
 from linear_gpt2.data.packing import Packer, doc_tokens, split_window
 from linear_gpt2.data.shards import TokenShards
-from linear_gpt2.data.sources import iter_file, iter_hub, new_stats
+from linear_gpt2.data.sources import DataError, iter_file, iter_hub, new_stats
 from linear_gpt2.tokenizer import VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -106,9 +106,10 @@ class TokenizedSource(_Source):
         self.n_windows = self.shards.n_tokens // self.W
         self.batches_per_epoch = self.n_windows // (self.B * self.world)
         if self.batches_per_epoch == 0:
-            raise ValueError(
+            raise DataError(
                 f"{split_dir} holds {self.shards.n_tokens} tokens = {self.n_windows} windows of "
-                f"{self.W}, fewer than one batch of {self.B} windows for each of {self.world} hosts"
+                f"{self.W}, fewer than one batch of {self.B} windows for each of {self.world} "
+                "hosts; use more data, a shorter data.context or fewer tokens per update"
             )
 
     def initial_state(self) -> dict[str, Any]:

@@ -31,13 +31,15 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from linear_gpt2.errors import DeviceError
+
 F32 = jnp.float32
 
 # Triton's tl.dot needs every operand dimension >= 16, and block shapes must be powers of two.
 MIN_BLOCK = 16
 
 
-class KernelUnavailableError(RuntimeError):
+class KernelUnavailableError(DeviceError):
     """The requested kernel cannot run on this backend or installation."""
 
 
