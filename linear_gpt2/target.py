@@ -458,10 +458,6 @@ def compile_program(
     return (report, compiled) if keep_executable else report
 
 
-def abstract(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-
 def replicated(target: str | Target = DEFAULT):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -506,17 +502,6 @@ def compile_attention(
     )
     assert isinstance(out, CompileReport)
     return out
-
-
-def compile_fn(target: str | Target = DEFAULT) -> Callable[..., Any]:
-    """``(jitted, args) -> (MemoryReport, executable)`` for ``target``: what the memory planner
-    (``memory_plan.plan``) calls to price a candidate."""
-
-    def run(jitted, args, what="train step"):
-        report, compiled = compile_program(jitted, args, target, what=what, keep_executable=True)
-        return report.memory, compiled
-
-    return run
 
 
 # --------------------------------------------------------------------------------------------

@@ -109,6 +109,14 @@ def _reciprocal(den: jax.Array, eps: float) -> jax.Array:
     return jnp.where(safe, 1.0 / jnp.where(safe, den + eps, 1.0), 0.0)
 
 
+def _cotangent_blocks(fq, dy, y, den, c: int, eps: float):
+    """The backward's per-block operands: phi(Q) ``[B, N, c, H, D]``, dnum = dY / (den + eps)
+    ``[B, N, c, H, D]`` and delta = dnum . y ``[B, N, H, c]`` (as flash's rowsum(dO * O))."""
+    dnum = dy.astype(F32) * _reciprocal(den, eps)[..., None]
+    delta = jnp.einsum("bthd,bthd->bth", dnum, y)
+    return _blocks(fq, c), _blocks(dnum, c), jnp.swapaxes(_blocks(delta, c), 2, 3)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def blocked_linear_attention(fq, fk, v, c: int, eps: float):
     """Normalised causal linear attention from features, by blocks of c without the T x T matrix.
@@ -127,10 +135,7 @@ def _fwd(fq, fk, v, c, eps):
 def _bwd(c, eps, residuals, dy):
     fq, fk, v, y, den = residuals
     B, T, H, D = fq.shape
-    dnum = dy.astype(F32) * _reciprocal(den, eps)[..., None]  # [B, T, H, D]
-    delta = jnp.einsum("bthd,bthd->bth", dnum, y)  # dnum_i . y_i, as flash's rowsum(dO * O)
-    Q, dNum = _blocks(fq, c), _blocks(dnum, c)
-    Delta = jnp.swapaxes(_blocks(delta, c), 2, 3)  # [B, N, H, c]
+    Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
 
     N = T // c
 
@@ -222,10 +227,7 @@ def _bwd_forget(c, eps, residuals, dy):
     fq, fk, v, L, seg, y, den = residuals
     B, T, H, D = fq.shape
     N = T // c
-    dnum = dy.astype(F32) * _reciprocal(den, eps)[..., None]
-    delta = jnp.einsum("bthd,bthd->bth", dnum, y)
-    Q, dNum = _blocks(fq, c), _blocks(dnum, c)
-    Delta = jnp.swapaxes(_blocks(delta, c), 2, 3)  # [B, N, H, c]
+    Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
     q_pos = jnp.arange(N * c).reshape(N, c)
 
     def key_block(carry, x):
