@@ -117,6 +117,10 @@ def frontier_main(args) -> int:
         names, sizes, t.name, contexts, batch=args.batch, dtype=args.dtype, done=done,
         on_result=report,
     )  # fmt: skip
+    # The files keep the earlier points this run did not revisit (other attentions or sizes).
+    keyed = {(p.attention, p.size, p.context): p for p in done}
+    keyed.update({(p.attention, p.size, p.context): p for p in results})
+    results = list(keyed.values())
     paths = bench.write_frontier(results, out, stem, meta)
     print("wrote " + ", ".join(str(p) for p in paths))
     if not args.no_plot:

@@ -113,3 +113,38 @@ def test_helpers():
     from linear_gpt2.plots import loglog_slope
 
     assert loglog_slope([1, 2, 4, 8], [3, 12, 48, 192]) == pytest.approx(2.0)
+
+
+def test_frontier_sweep_stops_at_the_first_misfit_and_resumes_without_losing_points(
+    tmp_path, monkeypatch
+):
+    """The bookkeeping of ``bench_step.py --target`` with the compiler replaced by a memory law
+    (the real compiles are tested in test_target.py): each attention x size stops at its first
+    context that does not fit, a later run for other attentions keeps the earlier points in the
+    files, and a resumed run compiles nothing it already has."""
+    script = load_script("bench_step")
+    compiled = []
+
+    def fake_point(name, size, context, target, *, batch, dtype, start_rung):
+        compiled.append((name, size, context, start_rung))
+        fits = context <= {"flash": 4096, "softmax": 2048}[name]
+        return bench.FrontierPoint(
+            attention=name, size=size, context=context, status="fits" if fits else "too_big",
+            n_params=1, target=target, memory_bytes=context * 2**20,
+            remat="dots" if context > 1024 else "none", loss_chunk=4096 if context > 1024 else 0,
+        )  # fmt: skip
+
+    monkeypatch.setattr(bench, "frontier_point", fake_point)
+    common = ["--target", "h100", "--no-plot", "--out", str(tmp_path), "--sizes", "124M"]
+    ctx = ["--contexts", "1024", "2048", "4096", "8192", "16384"]
+    assert script.main([*common, *ctx, "--attentions", "flash"]) == 0
+    assert [c[2] for c in compiled] == [1024, 2048, 4096, 8192]  # stops at the first misfit
+    assert [c[3] for c in compiled] == [0, 0, 2, 2]  # next context starts at the rung that fit
+    assert script.main([*common, *ctx, "--attentions", "softmax"]) == 0
+    stem = tmp_path / "memory_frontier_h100_compiled"
+    limits = json.loads(stem.with_suffix(".json").read_text())["limits"]
+    assert limits == {"flash": {"124M": 4096}, "softmax": {"124M": 2048}}
+    assert "| flash |" in stem.with_suffix(".md").read_text()
+    n = len(compiled)
+    assert script.main([*common, *ctx, "--attentions", "flash", "softmax"]) == 0
+    assert len(compiled) == n  # every point was already in the file
