@@ -19,7 +19,11 @@ round the backward's score cotangents to bfloat16 for their dots).
 
 from __future__ import annotations
 
+import csv
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -383,6 +387,26 @@ def test_cost_model_choices():
     for T in (16384, 131072, 524288):
         ks = cost.chunk_kernels(1, T, 12, 64, s, plan.blocks(1, T, 12, 64, 64), True)
         assert all(k.programs >= plan.SMS for k in ks if not k.name.startswith("xla")), T
+
+
+def test_roofline_model_tiny(tmp_path):
+    """benchmarks/roofline.py --tiny: the model alone (no compile), written as CSV and markdown
+    labelled as a model; at T = 4k the chunk-parallel bound is below the old single pass's."""
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "roofline.py"), "--tiny", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=root,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = (tmp_path / "kernel_roofline_h100_model.md").read_text()
+    assert "a roofline MODEL" in md and "not a measurement" in md
+    with open(tmp_path / "kernel_roofline_h100_model.csv") as f:
+        rows = list(csv.DictReader(f))
+    total = {}
+    for row in rows:
+        if row["T"] == "4096":
+            total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
+    assert total["chunk"] < total["old"] / 2, total
 
 
 @pytest.mark.skipif(kernels.on_gpu(), reason="checks the CPU error")
