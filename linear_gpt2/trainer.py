@@ -20,7 +20,7 @@ import numpy as np
 
 from linear_gpt2 import checkpoint as ckpt_lib
 from linear_gpt2 import data as data_lib
-from linear_gpt2 import memory_plan
+from linear_gpt2 import kernels, memory_plan
 from linear_gpt2.config import Config, ConfigError, save_config
 from linear_gpt2.flops import device_peak_flops, flops_per_token
 from linear_gpt2.logger import RunLogger, plot_loss, read_jsonl
@@ -228,6 +228,8 @@ def train(cfg: Config) -> RunResult:
                 try:
                     state, metrics = train_step(state, inputs, targets, rng)
                     metrics = jax.device_get(metrics)  # waits for the device: the time is real
+                    for choice in kernels.new_choices():  # made by shape when first traced
+                        log.print(f"kernel: {choice}")
                 except Exception as e:
                     if is_oom(e):
                         raise MemoryError(_oom_message(cfg, plan, n_params)) from e

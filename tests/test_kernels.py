@@ -365,6 +365,7 @@ def test_unsupported_head_dim_is_one_line_up_front():
 
 def test_pallas_chooses_by_shape_and_logs_once(caplog):
     chunked_kernels._LOGGED.clear()
+    kernels.new_choices()
     with caplog.at_level(logging.INFO, logger="linear_gpt2.kernels.lt_chunked"):
         for _ in range(2):
             chunked_kernels.choose("pallas", 1, 16384, 12, 64, 64, jnp.bfloat16)
@@ -373,6 +374,7 @@ def test_pallas_chooses_by_shape_and_logs_once(caplog):
         )
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "T=16384" in lines[0] and "pallas_chunk" in lines[0], lines
+    assert kernels.new_choices() == lines and kernels.new_choices() == []  # what the trainer prints
 
 
 def test_cost_model_choices():

@@ -263,3 +263,4 @@ def test_command_reports_kernel_registers_and_spills(tmp_path):
     ):
         assert 0 < ks[name]["registers"] <= 255 and ks[name]["spill_stores"] == 0
     assert "lt_chunked_fwd_o" in r.stdout and "INFO" not in r.stderr
+    assert "kernel: LT_chunked kernel=pallas at [B=1, T=1024, H=12, D=64] c=64" in r.stdout

@@ -29,6 +29,7 @@ padding.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 
@@ -165,6 +166,26 @@ def resolve_kernel(
         )
         return "xla"
     return "pallas"
+
+
+# Kernel choices made by shape in this process (``kernel=pallas`` for LT_chunked), in order: the
+# trainer and scripts/compile.py print the new ones, library users see them as INFO log records.
+_CHOICES: list[str] = []
+_PRINTED = 0
+
+
+def note_choice(message: str, logger: str = __name__) -> None:
+    """Record a choice made by shape (the caller notes each shape once) and log it at INFO."""
+    _CHOICES.append(message)
+    logging.getLogger(logger).info(message)
+
+
+def new_choices() -> list[str]:
+    """The choices noted since the last call."""
+    global _PRINTED
+    out = _CHOICES[_PRINTED:]
+    _PRINTED = len(_CHOICES)
+    return out
 
 
 def check_chunk_option(chunk_size, variant: str) -> None:

@@ -9,9 +9,9 @@ module            kernel (grid)                                                 
 ``fwd_h``         state pass: states entering each chunk, (G, B, H, D/bv)              S, z
 ``fwd_o``         outputs of every row tile, (T/bt, B, H, D/bv)                        nothing
 ``bwd_dh``        reverse state pass: cotangents of the states, (G, B, H, D/bv)        dS, dz
-``bwd_dqkv``      dphi(q), dphi(k), dv of every row tile, (T/bt, B, H)                 nothing
+``bwd_dqkv``      dphi(q), dphi(k), dv of every row tile, (T/bt, B, H, D/bd)           nothing
 ``fused_chunk``   the single-pass kernels: forward (B, H, D/bv) and backward           S, z / dS, dz
-                  (B, H) x 2, each walking all T/c chunks in order
+                  (B, H, D/bd) x 3, each walking all T/c chunks in order
 ``tiles``         the tile math every kernel shares (the one place of the score mask)
 ``plan``          block sizes, segments, warps (:class:`plan.Blocks`)
 ``cost``          the roofline model: FLOPs, bytes, programs per kernel; ``kernel=pallas``
@@ -26,12 +26,13 @@ Two designs of the same function, both with float32 states and normaliser sums:
   (exact: the update is a sum) so that the pass has enough programs even at batch 1; then the
   outputs, parallel over (row tile, batch, head, value block). Backward: the state pass is
   recomputed, a reverse state pass writes the cotangent of every chunk's state, and one kernel
-  parallel over (row tile, batch, head) gives dphi(q), dphi(k), dv. As fla's ``chunk_fwd_h`` /
-  ``chunk_fwd_o`` / ``chunk_bwd_dh`` / ``chunk_bwd_dqkwg``, and the post's own ``LT_chunked``.
+  parallel over (row tile, batch, head) gives dphi(q), dphi(k), dv (two at D = 128). As fla's
+  ``chunk_fwd_h`` / ``chunk_fwd_o`` / ``chunk_bwd_dh`` / ``chunk_bwd_dqkwg``, and the post's
+  own ``LT_chunked``.
 - **fused single pass** (``pallas_fused_chunk``): one program per (batch, head[, value block])
   walks all chunks, carrying the state in registers; nothing but den goes to HBM besides the
   outputs. The least traffic and the fewest launches, but only B H programs: it wins when
-  B H fills the GPU and the sequence is short (``cost.choose``).
+  B H occupies most of the 132 SMs, or at 1k tokens with B H = 24 or so (``cost.choose``).
 
 ``kernel="pallas"`` chooses between them by shape with the model in ``cost`` (logged once per
 shape); the two names force one. The interface, for both: :func:`chunked_attention`.
@@ -42,7 +43,6 @@ backward recomputes the per-chunk states (one more state pass) rather than keepi
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 
 import jax
@@ -53,7 +53,6 @@ from linear_gpt2.kernels.lt_chunked import bwd_dh, bwd_dqkv, cost, fused_chunk, 
 from linear_gpt2.kernels.lt_chunked import plan as plan_lib
 
 F32 = jnp.float32
-log = logging.getLogger(__name__)
 
 # The Pallas kernels of LT_chunked: "pallas" chooses by shape between the two designs.
 CHUNK = "pallas_chunk"
@@ -188,10 +187,11 @@ def choose(kernel: str, B: int, T: int, H: int, D: int, c: int, dtype) -> str:
     key = (B, T, H, D, c, jnp.dtype(dtype).name)
     if key not in _LOGGED:
         _LOGGED.add(key)
-        log.info(
-            "LT_chunked kernel=pallas at [B=%d, T=%d, H=%d, D=%d] c=%d %s: %s (%s)",
-            B, T, H, D, c, jnp.dtype(dtype).name, choice.kernel, choice.reason,
-        )  # fmt: skip
+        kernels.note_choice(
+            f"LT_chunked kernel=pallas at [B={B}, T={T}, H={H}, D={D}] c={c} "
+            f"{jnp.dtype(dtype).name}: {choice.kernel} ({choice.reason})",
+            __name__,
+        )
     return choice.kernel
 
 
