@@ -201,7 +201,9 @@ _INITIAL: dict[str, Any] = {}
 
 def initial_state(cfg: ModelConfig, tx, seed: int = 0, compiler_options: dict | None = None):
     """Host (numpy) copy of ``init_state(init_params(cfg, seed), tx)``."""
-    arch = (cfg.replace(attention="softmax", chunk_size=64, kernel="auto"), seed)
+    from linear_gpt2.model import init_config
+
+    arch = (init_config(cfg).replace(chunk_size=64, kernel="auto"), seed)
     if _INITIAL.get("key") != arch:
         _INITIAL.clear()  # one at a time: a 1.6B state is ~19 GB of host memory
         init = jax.jit(lambda: init_state(init_params(cfg, seed), tx))

@@ -25,10 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from linear_gpt2 import attention as attention_registry
+from linear_gpt2.errors import UsageError
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run, with the offending key and what would be valid."""
+class ConfigError(UsageError):
+    """A configuration that cannot run, with the offending key and what would be valid (a
+    ``ValueError``; the command line exits 2)."""
 
 
 def _check(cond: bool, key: str, message: str) -> None:
@@ -48,6 +50,17 @@ FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
 # shape); each variant accepts its own subset and names it when given another.
 KERNELS = ("auto", "xla", "pallas", "pallas_chunk", "pallas_fused_chunk", "triton", "cudnn")
 SCANS = ("cumsum", "associative")
+# What the linear state forgets (attention.decay): none; fixed (RetNet's per-head gamma_h); gate
+# (gamma_i = sigmoid(w_h . x_i + b_h), a learned projection per head).
+DECAYS = ("none", "fixed", "gate")
+LINEAR_ATTENTIONS = (
+    "LT_attention",
+    "LT_attention_parallel_no_flash",
+    "LT_attention_parallel",
+    "LT_state",
+    "LT_state_parallel",
+    "LT_chunked",
+)
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block in the backward pass (model.remat): none; dots (keep the matmul
 # outputs, recompute the rest); full (keep only each block's input); offload (full, with each
@@ -142,6 +155,12 @@ class AttentionOptions:
     scan: str = "cumsum"
     # Added to the linear-attention normaliser sum_j phi(q_i).phi(k_j) before dividing.
     eps: float = 1e-6
+    # Restart at every document start (after each EOT of the packed rows): the linear state and
+    # normaliser are zeroed there, softmax / flash do not attend across documents. Off: the
+    # post's setting (packed documents see each other).
+    doc_reset: bool = False
+    # Decay of the linear state, S_i = gamma_i S_{i-1} + phi(k_i) v_i^T (DECAYS above).
+    decay: str = "none"
 
     def _validate_attention(self, name: str, prefix: str) -> None:
         _check_choice(name, f"{prefix}name" if prefix else "attention", attention_registry.names())
@@ -150,6 +169,13 @@ class AttentionOptions:
         _check_choice(self.scan, f"{prefix}scan", SCANS)
         _check_chunk_size(self.chunk_size, f"{prefix}chunk_size")
         _check(self.eps >= 0.0, f"{prefix}eps", f"must be >= 0, got {self.eps}")
+        _check_choice(self.decay, f"{prefix}decay", DECAYS)
+        _check(
+            self.decay == "none" or name in LINEAR_ATTENTIONS,
+            f"{prefix}decay",
+            f"decay={self.decay!r} applies to the linear attentions (a state to decay); "
+            f"{name!r} has none. Use one of {', '.join(LINEAR_ATTENTIONS)}, or decay=none",
+        )
 
 
 @dataclass(frozen=True)
@@ -417,8 +443,13 @@ def _translate(err: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    with path.open() as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with path.open() as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid YAML ({_yaml_problem(e)})"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}"
@@ -429,6 +460,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     for base in [bases] if isinstance(bases, str) else bases:
         merged = _deep_merge(merged, _read_yaml(path.parent / base))
     return _deep_merge(merged, data)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -515,19 +552,22 @@ def diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
     return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m linear_gpt2.config CONFIG [key=value ...]``: print the resolved config."""
-    import sys
-
-    args = list(sys.argv[1:] if argv is None else argv)
+def _print_config(argv: list[str]) -> int:
+    args = list(argv)
+    if args and args[0] in ("-h", "--help"):
+        print(main.__doc__)
+        return 0
     path = args.pop(0) if args and "=" not in args[0] else None
-    try:
-        cfg = load_config(path, args)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    print(cfg.to_yaml(), end="")
+    print(load_config(path, args).to_yaml(), end="")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m linear_gpt2.config CONFIG [key=value ...]``: print the resolved config
+    (exit 2 with a one-line error for a bad key or value)."""
+    from linear_gpt2 import cli
+
+    return cli.run(_print_config, argv)
 
 
 if __name__ == "__main__":

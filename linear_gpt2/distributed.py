@@ -11,6 +11,8 @@ import os
 
 import jax
 
+from linear_gpt2.errors import DeviceError
+
 
 def launched_multiprocess() -> bool:
     env = os.environ
@@ -22,12 +24,29 @@ def launched_multiprocess() -> bool:
 
 
 def initialize() -> None:
-    """Join the job's processes if this is a multi-process launch; a no-op otherwise."""
-    if not launched_multiprocess():
-        return
-    kwargs = {}
-    if "JAX_NUM_PROCESSES" in os.environ:
-        kwargs["num_processes"] = int(os.environ["JAX_NUM_PROCESSES"])
-    if "JAX_PROCESS_ID" in os.environ:
-        kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
-    jax.distributed.initialize(**kwargs)
+    """Join the job's processes if this is a multi-process launch, then start JAX's backend
+    (:func:`check_backend`)."""
+    if launched_multiprocess():
+        kwargs = {}
+        if "JAX_NUM_PROCESSES" in os.environ:
+            kwargs["num_processes"] = int(os.environ["JAX_NUM_PROCESSES"])
+        if "JAX_PROCESS_ID" in os.environ:
+            kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
+        jax.distributed.initialize(**kwargs)
+    check_backend()
+
+
+def check_backend() -> None:
+    """Start JAX's backend now, so that a missing device or plugin is one :class:`DeviceError`
+    saying what to do (JAX raises a bare ``AssertionError`` for ``JAX_PLATFORMS=cuda`` without
+    the CUDA plugin, a ``RuntimeError`` for a backend that fails to start)."""
+    try:
+        jax.devices()
+    except Exception as e:  # noqa: BLE001 - every failure here means the same to the user
+        platforms = os.environ.get("JAX_PLATFORMS") or "(unset)"
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DeviceError(
+            f"JAX cannot start its backend with JAX_PLATFORMS={platforms} ({why}); for GPUs "
+            "install the CUDA build (pip install -e '.[gpu]') on a machine with one, or unset "
+            "JAX_PLATFORMS to use the devices that are there"
+        ) from e

@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 
 from linear_gpt2.config import ModelConfig
+from linear_gpt2.errors import UsageError
 
 Params = dict[str, Any]
 StateDict = dict[str, np.ndarray]
@@ -66,7 +67,7 @@ _LAYER = re.compile(r"^transformer\.h\.(\d+)\.")
 # Errors
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A state dict that does not fit the model config (base class of the specific errors)."""
 
 
@@ -92,6 +93,27 @@ class ShapeMismatchError(CheckpointError):
     def __init__(self, message: str, keys: list[str]):
         super().__init__(message)
         self.keys = keys
+
+
+class UnrepresentableError(CheckpointError):
+    """A model that GPT-2 (nanoGPT, Hugging Face) cannot represent: a decaying linear state."""
+
+
+def _check_representable(config: ModelConfig, direction: str) -> None:
+    if config.decay == "none":
+        return
+    if direction == "import" and config.decay == "fixed":
+        return  # the fixed decay has no parameters: GPT-2's weights are all the model needs
+    what = (
+        "has no c_gate weights for it; import with attention.decay=none or fixed and train the "
+        "gate from its initialisation"
+        if direction == "import"
+        else "cannot represent it (its attention has no decay); export a model trained with "
+        "attention.decay=none"
+    )
+    raise UnrepresentableError(
+        f"attention.decay={config.decay!r}: a nanoGPT / Hugging Face GPT-2 checkpoint {what}"
+    )
 
 
 class VocabSizeMismatchError(ShapeMismatchError):
@@ -370,6 +392,7 @@ def _describe_expected(config: ModelConfig) -> str:
 
 
 def _from_state_dict(state_dict: Mapping[str, Any], config: ModelConfig, format: Format) -> Params:
+    _check_representable(config, "import")
     import jax.numpy as jnp  # deferred: the file helpers work without initialising JAX
 
     sd = _normalize(state_dict)
@@ -475,6 +498,7 @@ def _validate_params(params: Params, config: ModelConfig) -> dict[tuple[str, ...
 
 
 def _to_state_dict(params: Params, config: ModelConfig, format: Format) -> StateDict:
+    _check_representable(config, "export")
     flat = _validate_params(params, config)
 
     def f32(a: np.ndarray) -> np.ndarray:

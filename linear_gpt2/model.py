@@ -30,11 +30,13 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from linear_gpt2 import attention
 from linear_gpt2.config import ModelConfig
 from linear_gpt2.loss import cross_entropy, head_cross_entropy
+from linear_gpt2.tokenizer import EOT
 
 Params = dict[str, Any]
 
@@ -65,13 +67,51 @@ def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
     )
 
 
+def retnet_gammas(n_head: int) -> np.ndarray:
+    """RetNet's fixed per-head decays gamma_h = 1 - 2^(-5 - h), h = 0 .. H-1 (float64): memory
+    lengths 1/(1 - gamma) from 32 tokens (head 0) doubling per head."""
+    return 1.0 - 2.0 ** (-5.0 - np.arange(n_head, dtype=np.float64))
+
+
 class CausalSelfAttention(nn.Module):
     config: ModelConfig
     deterministic: bool = True
 
+    def log_gate(self, x: jax.Array) -> jax.Array | None:
+        """log gamma float32 ``[B, T, H]`` of ``attention.decay`` for the block input x ``[B, T,
+        C]``, or None (``decay: none``).
+
+        - ``fixed``: RetNet's per-head constants (:func:`retnet_gammas`), no parameters.
+        - ``gate``: gamma_i = sigmoid(w_h . x_i + b_h), a projection ``c_gate`` [C, H] in
+          float32 (the gate's precision near 1 matters more than its 2 C H FLOPs per token),
+          initialised with w = 0 and b = logit(RetNet's gamma_h): the model starts as the
+          fixed-decay one (gammas from 0.97 to 1 - 2^-(4+H)) and learns to depend on the input.
+        """
+        cfg = self.config
+        B, T, _ = x.shape
+        if cfg.decay == "none":
+            return None
+        gammas = retnet_gammas(cfg.n_head)
+        if cfg.decay == "fixed":
+            logs = jnp.asarray(np.log(gammas), jnp.float32)
+            return jnp.broadcast_to(logs, (B, T, cfg.n_head))
+        logits = np.log(gammas) - np.log1p(-gammas)
+        gate = nn.Dense(
+            cfg.n_head,
+            dtype=jnp.float32,
+            param_dtype=jnp.float32,
+            kernel_init=nn.initializers.zeros,
+            bias_init=lambda *_: jnp.asarray(logits, jnp.float32),
+            name="c_gate",
+        )
+        return jax.nn.log_sigmoid(gate(x.astype(jnp.float32)))
+
     @nn.compact
-    def __call__(self, x: jax.Array, cache: Any = None) -> tuple[jax.Array, Any]:
-        """x: ``[B, T, C]`` -> ``([B, T, C], cache)``.
+    def __call__(
+        self, x: jax.Array, cache: Any = None, resets: jax.Array | None = None
+    ) -> tuple[jax.Array, Any]:
+        """x: ``[B, T, C]`` -> ``([B, T, C], cache)``; ``resets`` bool ``[B, T]`` where
+        documents start (``attention.doc_reset``), else None.
 
         With ``cache`` (this layer's decoder state, see ``attention.Decoder``) the T tokens are
         new positions after those already in the cache: a prefill, or one step when T == 1."""
@@ -80,23 +120,32 @@ class CausalSelfAttention(nn.Module):
         H, D = cfg.n_head, cfg.head_dim
         qkv = _dense(cfg, 3 * C, "c_attn")(x)
         q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
+        forget: dict[str, Any] = {}
+        if resets is not None:
+            forget["resets"] = resets
+        log_gate = self.log_gate(x)
+        if log_gate is not None:
+            forget["log_gate"] = log_gate
         if cache is None:
             fn = attention.get(cfg.attention, **cfg.attention_options())
-            kwargs = {}
+            kwargs = dict(forget)
             if (
                 cfg.dropout > 0
                 and not self.deterministic
                 and attention.supports_dropout(cfg.attention)
             ):
-                kwargs = dict(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
+                kwargs.update(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
             y = fn(q, k, v, **kwargs)
         else:
             dec = attention.decoder(cfg.attention, **cfg.attention_options())
             if T == 1:
-                y, cache = dec.step(cache, q[:, 0], k[:, 0], v[:, 0])
+                one = {
+                    ("reset" if name == "resets" else name): a[:, 0] for name, a in forget.items()
+                }
+                y, cache = dec.step(cache, q[:, 0], k[:, 0], v[:, 0], **one)
                 y = y[:, None]
             else:
-                y, cache = dec.prefill(cache, q, k, v)
+                y, cache = dec.prefill(cache, q, k, v, **forget)
         y = _dense(cfg, C, "c_proj", stddev=0.02 / math.sqrt(2 * cfg.n_layer))(y.reshape(B, T, C))
         return nn.Dropout(cfg.dropout)(y, deterministic=self.deterministic), cache
 
@@ -119,14 +168,17 @@ class Block(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array, cache: Any = None) -> tuple[jax.Array, Any]:
-        """x: ``[B, T, C]`` float32 residual stream; ``cache`` this layer's decoder state or None.
+    def __call__(
+        self, x: jax.Array, cache: Any = None, resets: jax.Array | None = None
+    ) -> tuple[jax.Array, Any]:
+        """x: ``[B, T, C]`` float32 residual stream; ``cache`` this layer's decoder state or None;
+        ``resets`` bool ``[B, T]`` (document starts) or None, the same for every layer.
         Returns ``(x, cache)``: the carry and the per-layer output of ``nn.scan``."""
         cfg = self.config
         # The one tensor the "full" and "offload" policies keep per block (see REMAT_POLICIES).
         x = checkpoint_name(x, BLOCK_INPUT)
         h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(
-            _layer_norm(cfg, "ln_1")(x), cache
+            _layer_norm(cfg, "ln_1")(x), cache, resets
         )
         x = x + h
         x = x + MLP(cfg, self.deterministic, name="mlp")(_layer_norm(cfg, "ln_2")(x))
@@ -134,6 +186,20 @@ class Block(nn.Module):
 
 
 BLOCK_INPUT = "block_input"
+
+
+def document_starts(
+    tokens: jax.Array, segment_ids: jax.Array | None = None, first: jax.Array | None = None
+) -> jax.Array:
+    """bool ``[B, T]``: where a document starts. From ``segment_ids`` (int ``[B, T]``) where the
+    index changes; otherwise after every EOT token. Position 0 starts one only if ``first``
+    (bool ``[B]``, decoding: the token before was EOT) says so."""
+    if segment_ids is not None:
+        starts = segment_ids[:, 1:] != segment_ids[:, :-1]
+    else:
+        starts = tokens[:, :-1] == EOT
+    head = jnp.zeros((tokens.shape[0], 1), bool) if first is None else first[:, None]
+    return jnp.concatenate([head, starts], axis=1)
 
 
 def remat_policy(name: str):
@@ -178,13 +244,17 @@ class GPT(nn.Module):
         tokens: jax.Array,
         cache: dict[str, Any] | None = None,
         targets: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
     ):
         """tokens: int ``[B, T]`` -> logits float32 ``[B, T, vocab_size]``.
 
         With ``cache`` (from ``decode_init``) the tokens continue the cached sequence and the
         call returns ``(logits, cache)``. With ``targets`` (int ``[B, T]``, -1 ignored) it
         returns the mean cross-entropy instead of the logits, by chunks of tokens when
-        ``loss_chunk`` is set (the ``[B, T, vocab]`` logits are then never materialised)."""
+        ``loss_chunk`` is set (the ``[B, T, vocab]`` logits are then never materialised).
+        ``segment_ids`` (int ``[B, T]``, the loader's document index of each token) say where
+        documents start when ``doc_reset`` is on; without them a document starts after each
+        EOT token (the packing's separator)."""
         cfg = self.config
         T = tokens.shape[1]
         if cache is None and T > cfg.block_size:
@@ -210,10 +280,15 @@ class GPT(nn.Module):
             block,
             variable_axes={"params": 0},
             split_rngs={"params": True, "dropout": True},
+            in_axes=(0, nn.broadcast),
             length=cfg.n_layer,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )(cfg, self.deterministic, name="h")
-        x, layer_caches = blocks(x, None if cache is None else cache["layers"])
+        resets = None
+        if cfg.doc_reset:
+            first = None if cache is None else cache["reset_next"]
+            resets = document_starts(tokens, segment_ids, first)
+        x, layer_caches = blocks(x, None if cache is None else cache["layers"], resets)
 
         x = _layer_norm(cfg, "ln_f")(x)
         if targets is not None and loss_chunk_tokens(cfg) > 0:
@@ -232,7 +307,18 @@ class GPT(nn.Module):
             return cross_entropy(logits, targets)
         if cache is None:
             return logits
-        return logits, {"pos": cache["pos"] + T, "layers": layer_caches}
+        new = {"pos": cache["pos"] + T, "layers": layer_caches}
+        if "reset_next" in cache:
+            new["reset_next"] = tokens[:, -1] == EOT
+        return logits, new
+
+
+def init_config(config: ModelConfig) -> ModelConfig:
+    """The config initialisation traces: softmax (or, with a decay, the recurrent LT_state,
+    since decays need a linear attention) on one token. The parameters are the same for every
+    attention of the family; only ``decay: gate`` adds its projection."""
+    name = "softmax" if config.decay == "none" else "LT_state"
+    return config.replace(attention=name, remat="none", loss_chunk=0)
 
 
 def init_params(config: ModelConfig, seed: int = 0) -> Params:
@@ -241,7 +327,7 @@ def init_params(config: ModelConfig, seed: int = 0) -> Params:
     Parameters do not depend on the attention algorithm, so initialisation traces softmax on one
     token: every variant gets the same parameters for the same seed, and variants with shape
     constraints (LT_chunked's chunk size) need not accept a length-1 sequence."""
-    model = GPT(config.replace(attention="softmax"))
+    model = GPT(init_config(config))
     tokens = jnp.zeros((1, 1), dtype=jnp.int32)
     variables = jax.jit(model.init)(jax.random.key(seed), tokens)
     return flax.core.unfreeze(variables["params"])
@@ -249,7 +335,7 @@ def init_params(config: ModelConfig, seed: int = 0) -> Params:
 
 def param_shapes(config: ModelConfig) -> Params:
     """Parameter shapes and dtypes without allocating them (``jax.ShapeDtypeStruct`` leaves)."""
-    model = GPT(config.replace(attention="softmax"))
+    model = GPT(init_config(config))
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     return jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
 
@@ -261,15 +347,17 @@ def forward(
     *,
     train: bool = False,
     rng: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Logits, float32 ``[B, T, vocab_size]``, for int tokens ``[B, T]``.
 
     Deterministic (no dropout) unless ``train`` is true, in which case ``rng`` seeds dropout.
+    ``segment_ids`` (int ``[B, T]``): documents, for ``doc_reset`` (see :class:`GPT`).
     """
     deterministic = not train or config.dropout == 0.0
     rngs = {} if deterministic else {"dropout": rng if rng is not None else jax.random.key(0)}
     return GPT(config, deterministic).apply(
-        {"params": params}, jnp.asarray(tokens, jnp.int32), rngs=rngs
+        {"params": params}, jnp.asarray(tokens, jnp.int32), segment_ids=segment_ids, rngs=rngs
     )
 
 
@@ -288,7 +376,10 @@ def decode_init(config: ModelConfig, batch: int, max_len: int | None = None) -> 
     dec = attention.decoder(config.attention, **config.attention_options())
     one = dec.init(batch, config.n_head, config.head_dim, max_len, jnp.dtype(config.dtype))
     layers = jax.tree.map(lambda a: jnp.broadcast_to(a, (config.n_layer, *a.shape)), one)
-    return {"pos": jnp.zeros((), jnp.int32), "layers": layers}
+    cache = {"pos": jnp.zeros((), jnp.int32), "layers": layers}
+    if config.doc_reset:  # whether the next token starts a document (the last one was EOT)
+        cache["reset_next"] = jnp.zeros((batch,), bool)
+    return cache
 
 
 def decode(
@@ -319,6 +410,7 @@ def loss_fn(
     *,
     train: bool = False,
     rng: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Scalar float32 loss of next-token prediction; ``targets`` -1 are ignored.
 
@@ -331,6 +423,7 @@ def loss_fn(
         {"params": params},
         jnp.asarray(tokens, jnp.int32),
         targets=jnp.asarray(targets, jnp.int32),
+        segment_ids=segment_ids,
         rngs=rngs,
     )
 

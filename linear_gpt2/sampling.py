@@ -18,7 +18,6 @@ per layer, whose per-token cost grows with the cache; the linear family keeps th
 from __future__ import annotations
 
 import functools
-import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -31,7 +30,30 @@ import numpy as np
 
 from linear_gpt2.attention import module as attention_module
 from linear_gpt2.config import Config, ModelConfig, load_config_from_dict
+from linear_gpt2.errors import UsageError
 from linear_gpt2.model import Params, decode, decode_init, forward, init_params
+
+
+class SamplingError(UsageError):
+    """A sampling request that cannot be met (a ``ValueError``): numbers of tokens, prompt."""
+
+
+def fit_prompt(ids: Sequence[int], new_tokens: int, block_size: int) -> tuple[list[int], int]:
+    """``(ids the model sees, number of prompt tokens dropped)`` for a prompt continued by
+    ``new_tokens`` within ``block_size`` positions: a prompt that does not fit loses its
+    beginning (the model continues the end). Raises :class:`SamplingError` when ``new_tokens``
+    is < 1 or leaves no room for one prompt token."""
+    if new_tokens < 1:
+        raise SamplingError(f"--tokens must be >= 1 (new tokens per sample), got {new_tokens}")
+    room = block_size - new_tokens
+    if room < 1:
+        raise SamplingError(
+            f"--tokens {new_tokens} leaves no room for the prompt: the model's block_size is "
+            f"{block_size} positions (prompt + new tokens); use --tokens {block_size - 1} or fewer"
+        )
+    ids = list(ids)
+    dropped = max(0, len(ids) - room)
+    return ids[dropped:], dropped
 
 
 def choose(
@@ -98,13 +120,17 @@ def generate(
     a sample.
     """
     prompt = jnp.asarray(prompt, jnp.int32)
+    if prompt.ndim != 2:
+        raise SamplingError(f"prompt must be int [batch, tokens], got shape {prompt.shape}")
     B, T0 = prompt.shape
     if T0 < 1:
-        raise ValueError("the prompt needs at least one token")
+        raise SamplingError("the prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise SamplingError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     need = T0 + max_new_tokens
     max_len = need if max_len is None else max_len
     if need > max_len or max_len > config.block_size:
-        raise ValueError(
+        raise SamplingError(
             f"prompt of {T0} + {max_new_tokens} new tokens needs {need} positions; max_len="
             f"{max_len}, block_size={config.block_size}: shorten the prompt or the sample"
         )
@@ -158,32 +184,35 @@ def greedy_by_recompute(
 def resolve_checkpoint(path: str | Path) -> tuple[Path, int | None]:
     """``(checkpoints directory, step or None for the latest)`` from a run directory
     (``RUN/checkpoints/<step>``), a checkpoints directory, or one step's directory."""
-    p = Path(path).absolute()
-    if (p / "checkpoints").is_dir():
-        return p / "checkpoints", None
-    if re.fullmatch(r"\d+", p.name) and p.is_dir():
-        return p.parent, int(p.name)
-    if p.is_dir():
-        return p, None
-    raise FileNotFoundError(f"{path}: not a run directory or a checkpoint directory")
+    from linear_gpt2.checkpoint import resolve_checkpoint as resolve
+
+    return resolve(path)
 
 
 def load(path: str | Path) -> tuple[Params, ModelConfig, Config, int]:
     """``(params, model config, run config, step)`` from a run or checkpoint directory (the
-    trainer's orbax layout). Parameters come back float32 on the default device."""
-    import orbax.checkpoint as ocp
+    trainer's orbax layout). Parameters come back float32 on the default device.
 
+    Without an explicit step the newest intact checkpoint is used: damaged ones are skipped with
+    a warning (and left where they are; the trainer moves them aside when the run resumes)."""
+    from linear_gpt2.checkpoint import Checkpointer, short_error
+    from linear_gpt2.config import CheckpointConfig
+    from linear_gpt2.errors import CheckpointError
     from linear_gpt2.optim import optimizer
     from linear_gpt2.train_step import init_state
 
     directory, step = resolve_checkpoint(path)
-    manager = ocp.CheckpointManager(directory)
+    ckpt = Checkpointer(directory, CheckpointConfig())
+    if not ckpt.steps():
+        raise CheckpointError(
+            f"{directory} holds no checkpoint (no step directories); give a run directory "
+            "whose training saved at least one (checkpoint.every, or at the end of the run)"
+        )
     try:
-        step = manager.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"{directory} holds no checkpoint")
-        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        cfg = load_config_from_dict(meta["config"])
+        step = ckpt.select(None, move_damaged=False, step=step)
+        if step is None:  # pragma: no cover - select raises when every step is damaged
+            raise CheckpointError(f"{directory} holds no intact checkpoint")
+        cfg = load_config_from_dict(ckpt.read_meta(step)["config"])
         model_cfg = cfg.model_config
         tx = optimizer(cfg.train)
         sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -194,11 +223,15 @@ def load(path: str | Path) -> tuple[Params, ModelConfig, Config, int]:
         abstract = jax.tree.map(
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract
         )
-        restored = manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-        )["state"]
+        try:
+            restored = ckpt.restore_state(step, abstract)
+        except Exception as e:
+            raise CheckpointError(
+                f"checkpoint {directory / str(step)} could not be read ({short_error(e)}); give "
+                f"an older step directory ({directory}/<step>)"
+            ) from e
     finally:
-        manager.close()
+        ckpt.close()
     return restored["train"].params, model_cfg, cfg, int(step)
 
 

@@ -18,11 +18,21 @@ A sweep file (YAML, see ``configs/sweeps/``)::
 
 Each point becomes overrides for :func:`linear_gpt2.config.load_config`, plus ``log.name`` (built
 from the keys that vary across points, e.g. ``ctx4096_LT_chunked_c64``), ``log.run_dir`` and
-``log.wandb_group`` (the sweep's name, so wandb groups the runs). A point is *done* when its run
-directory holds the ``DONE`` marker (written when ``train`` returns having reached
-``train.max_steps`` or ``train.max_hours``) or a checkpoint at ``max_steps``; done points are
-skipped when a sweep is run again, and unfinished ones resume from their last checkpoint
-(``checkpoint.resume: auto``).
+``log.wandb_group`` (the sweep's name, so wandb groups the runs); command-line overrides apply to
+every point, last.
+
+What a rerun does with each point (:func:`point_status`) compares the point's config, resolved
+now, with the one its run directory last ran with (the ``DONE`` marker's, else ``config.yaml``):
+
+- ``todo``: never ran, or unfinished: it runs, resuming from its last checkpoint;
+- ``done``: finished (``DONE``, written when ``train`` reached ``train.max_steps`` or
+  ``train.max_hours``, or a checkpoint at ``max_steps``) with the same config: skipped;
+- ``changed``: finished, but keys a resumed run may change differ (``train.max_steps``,
+  ``train.max_hours``, logging...): it runs again and continues from its checkpoint, e.g. to the
+  new ``max_steps``;
+- ``stale``: its checkpoints belong to another experiment (model, data, optimisation keys
+  differ): not run, reported with the keys, and the sweep exits 1 (pick another ``out_dir`` or
+  move the run directory aside).
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from linear_gpt2.config import Config, ConfigError, load_config
+from linear_gpt2.config import Config, ConfigError, diff, load_config, load_config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 DONE = "DONE"
@@ -116,8 +126,24 @@ def expand(grid: dict[str, list[Any]] | None, points: list[dict[str, Any]] | Non
 
 def load_sweep(path: str | Path, extra: list[str] | tuple[str, ...] = ()) -> Sweep:
     """Read a sweep file; ``extra`` overrides (``key=value``) apply to every point, last."""
-    path = Path(path)
-    spec = yaml.safe_load(path.read_text()) or {}
+    path = Path(path).absolute()
+    if not path.is_file():
+        raise ConfigError(
+            f"sweep file {str(path)!r} does not exist; the shipped ones are in configs/sweeps/"
+        )
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        first = str(e).replace("\n", " ")
+        raise ConfigError(f"sweep file {str(path)!r} is not valid YAML ({first})") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(
+            f"sweep file {str(path)!r} must be a mapping (name, base, grid, ...), got "
+            f"{type(spec).__name__}"
+        )
+    bad = [o for o in extra if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"overrides must look like section.key=value, got {bad}")
     unknown = set(spec) - SWEEP_KEYS
     if unknown:
         raise ConfigError(
@@ -166,12 +192,45 @@ def point_config(sweep: Sweep, point: Point) -> Config:
     return load_config(sweep.base, list(point.overrides))
 
 
-def is_done(cfg: Config) -> bool:
-    """The run reached its end: a ``DONE`` marker, or a checkpoint at ``train.max_steps``."""
+def _saved_config(run_dir: Path) -> Config | None:
+    """The config the run directory last ran (or finished) with, if it can be read."""
+    try:
+        marker = json.loads((run_dir / DONE).read_text())
+        if isinstance(marker, dict) and isinstance(marker.get("config"), dict):
+            return load_config_from_dict(marker["config"])
+    except (OSError, ValueError):
+        pass
+    try:
+        return load_config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    except (OSError, ValueError, yaml.YAMLError, TypeError, AttributeError):
+        return None
+
+
+def point_status(cfg: Config) -> tuple[str, str]:
+    """``(status, detail)`` of a point's run directory under its resolved config ``cfg``:
+    ``todo``, ``done``, ``changed`` or ``stale`` (module docstring); ``detail`` names the keys
+    that differ."""
+    from linear_gpt2.checkpoint import MUTABLE_PREFIXES, step_dirs
+
     run_dir = Path(cfg.log.run_dir)
-    return (run_dir / DONE).exists() or (
+    saved = _saved_config(run_dir)
+    changes = diff(saved, cfg) if saved is not None else {}
+    detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+    experiment = {k for k in changes if not k.startswith(MUTABLE_PREFIXES)}
+    if experiment and step_dirs(run_dir / "checkpoints"):
+        keys = ", ".join(f"{k} {changes[k][0]!r} -> {changes[k][1]!r}" for k in sorted(experiment))
+        return "stale", keys
+    finished = (run_dir / DONE).exists() or (
         run_dir / "checkpoints" / str(cfg.train.max_steps)
     ).is_dir()
+    if not finished:
+        return "todo", detail
+    return ("done", "") if not changes else ("changed", detail)
+
+
+def is_done(cfg: Config) -> bool:
+    """The run reached its end with this config: skipped when the sweep runs again."""
+    return point_status(cfg)[0] == "done"
 
 
 def train_command(sweep: Sweep, point: Point) -> list[str]:
@@ -199,17 +258,35 @@ def run_point(sweep: Sweep, point: Point) -> str:
     from linear_gpt2.trainer import train
 
     cfg = point_config(sweep, point)
-    if is_done(cfg):
+    status, detail = point_status(cfg)
+    if status == "done":
         return "skipped"
+    if status == "stale":
+        raise StalePointError(_stale_message(point, cfg, detail))
     result = train(cfg)
     if result.stopped_by in ("max_steps", "max_hours") and jax.process_index() == 0:
         marker = {
             "step": result.last_step,
             "stopped_by": result.stopped_by,
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "config": cfg.to_dict(),
         }
-        (Path(cfg.log.run_dir) / DONE).write_text(json.dumps(marker) + "\n")
+        tmp = Path(cfg.log.run_dir) / f"{DONE}.tmp"
+        tmp.write_text(json.dumps(marker) + "\n")
+        tmp.replace(Path(cfg.log.run_dir) / DONE)
     return result.stopped_by
+
+
+class StalePointError(ConfigError):
+    """A point whose run directory holds another experiment's checkpoints."""
+
+
+def _stale_message(point: Point, cfg: Config, keys: str) -> str:
+    return (
+        f"sweep point {point.index} ({point.name}): {cfg.log.run_dir} holds a run of another "
+        f"experiment ({keys}); set another out_dir in the sweep file, or move that run "
+        "directory aside to rerun the point"
+    )
 
 
 def run_sweep(
@@ -231,11 +308,17 @@ def run_sweep(
     outcomes: dict[str, str] = {}
     configs = [point_config(sweep, p) for p in sweep.points]  # every point valid before training
     for p, cfg in zip(sweep.points, configs):
-        if is_done(cfg):
+        status, detail = point_status(cfg)
+        if status == "done":
             outcomes[p.name] = "skipped"
             log(f"[{p.index}] {p.name}: done, skipped")
             continue
-        log(f"[{p.index}] {p.name}: running")
+        if status == "stale":
+            outcomes[p.name] = f"stale ({detail})"
+            log(f"[{p.index}] {p.name}: not run: {_stale_message(p, cfg, detail)}")
+            continue
+        why = f" (finished, config changed: {detail})" if status == "changed" else ""
+        log(f"[{p.index}] {p.name}: running{why}")
         if in_process:
             try:
                 outcomes[p.name] = run_point(sweep, p)
@@ -248,9 +331,12 @@ def run_sweep(
     return outcomes
 
 
-def dry_run(sweep: Sweep) -> list[tuple[Point, bool, list[str]]]:
-    """``(point, done, train command)`` for every point, without running anything."""
-    return [(p, is_done(point_config(sweep, p)), train_command(sweep, p)) for p in sweep.points]
+def dry_run(sweep: Sweep) -> list[tuple[Point, tuple[str, str], list[str]]]:
+    """``(point, (status, detail), train command)`` for every point, without running anything
+    (statuses as :func:`point_status`)."""
+    return [
+        (p, point_status(point_config(sweep, p)), train_command(sweep, p)) for p in sweep.points
+    ]
 
 
 def slurm_script(sweep: Sweep, extra: list[str] | tuple[str, ...] = ()) -> str:
@@ -259,9 +345,11 @@ def slurm_script(sweep: Sweep, extra: list[str] | tuple[str, ...] = ()) -> str:
     trainer expects; it re-checks the done marker, so a requeued task that finished exits at
     once). ``slurm:`` in the sweep file sets ``nodes``, ``gpus_per_node``, ``time``,
     ``partition``, ``account``, ``max_parallel`` and ``python``."""
-    todo = [p for p in sweep.points if not is_done(point_config(sweep, p))]
+    status = {p.index: point_status(point_config(sweep, p)) for p in sweep.points}
+    todo = [p for p in sweep.points if status[p.index][0] in ("todo", "changed")]
+    stale = [p for p in sweep.points if status[p.index][0] == "stale"]
     s = {"nodes": 1, "gpus_per_node": 8, "time": "24:30:00", **sweep.slurm}
-    python = s.get("python", "python")
+    python = str(s.get("python") or sys.executable)
     array = ",".join(str(p.index) for p in todo) or "none"
     if todo and s.get("max_parallel"):
         array += f"%{s['max_parallel']}"
@@ -270,6 +358,7 @@ def slurm_script(sweep: Sweep, extra: list[str] | tuple[str, ...] = ()) -> str:
         "#!/bin/bash",
         f"# Sweep {sweep.name} ({sweep.path}): {len(todo)} of {len(sweep.points)} points to run.",
         *(f"#   {p.index}: {p.name}" for p in todo),
+        *(f"#   not submitted, stale: {p.index}: {p.name} ({status[p.index][1]})" for p in stale),
         f"#SBATCH --job-name={sweep.name}",
         f"#SBATCH --array={array}",
         f"#SBATCH --nodes={s['nodes']}",
@@ -283,13 +372,16 @@ def slurm_script(sweep: Sweep, extra: list[str] | tuple[str, ...] = ()) -> str:
     for key in ("partition", "account", "qos"):
         if s.get(key):
             lines.append(f"#SBATCH --{key}={s[key]}")
-    cmd = [python, "scripts/sweep.py", str(sweep.path), "--point", "$SLURM_ARRAY_TASK_ID"]
-    extra_q = " ".join(shlex.quote(e) for e in extra)
+    # Absolute paths, and the directory the script was written from: relative paths in the
+    # overrides (data.path=...) mean the same in the job as on the command line.
+    script = REPO / "scripts" / "sweep.py"
+    cmd = [shlex.quote(python), shlex.quote(str(script)), shlex.quote(str(sweep.path))]
+    cmd += ["--point", '"$SLURM_ARRAY_TASK_ID"', *(shlex.quote(e) for e in extra)]
     lines += [
         "set -euo pipefail",
-        f"cd {shlex.quote(str(REPO))}",
+        f"cd {shlex.quote(str(Path.cwd()))}",
         f"mkdir -p {shlex.quote(str(log_dir))}",
-        " ".join(["srun", *cmd]) + (f" {extra_q}" if extra_q else ""),
+        " ".join(["srun", *cmd]),
     ]
     if not todo:
         lines.insert(1, "# every point is done: nothing to submit")

@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 
+from linear_gpt2.errors import RunError, UsageError
 from linear_gpt2.memory import GiB, MemoryReport, compiled_memory
 
 ASSETS = Path(__file__).parent / "assets" / "targets"
@@ -50,15 +51,15 @@ PLUGIN_MODULE = "jax_plugins.xla_cuda13"
 INSTALL_HINT = "pip install -e '.[cuda]' (make setup installs it)"
 
 
-class TargetError(ValueError):
-    """An unknown target name (a usage error)."""
+class TargetError(UsageError):
+    """An unknown target name (a usage error: exit 2)."""
 
 
-class TargetUnavailableError(RuntimeError):
+class TargetUnavailableError(RunError):
     """The CUDA plugin needed to compile for a GPU target is missing or did not load."""
 
 
-class CompileError(RuntimeError):
+class CompileError(RunError):
     """The program does not compile for the target (shared memory, register spills, ...)."""
 
 
@@ -372,6 +373,34 @@ def _first_error_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+@contextlib.contextmanager
+def _cudnn_checks_for(t: Target) -> Iterator[None]:
+    """JAX 0.11.2's cuDNN attention checks its support conditions in Python against the
+    process's default backend (``fused_attention_stablehlo.check_compute_capability``): on a
+    machine without a GPU it concludes "not Hopper" and refuses what the H100 supports (the
+    packed layout of ``flash`` with document resets; head dims up to 256). While compiling for a
+    target, answer those two checks with the target's compute capability instead."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+    except ImportError:  # pragma: no cover - a JAX without cuDNN attention
+        yield
+        return
+    cc = tuple(int(x) for x in str(devices(t.name)[0].compute_capability).split("."))
+
+    def at_least(capability: str) -> bool:
+        return cc >= tuple(int(x) for x in capability.split("."))
+
+    def equal(capability: str) -> bool:
+        return cc == tuple(int(x) for x in capability.split("."))
+
+    saved = fa.check_compute_capability, fa.is_cuda_compute_capability_equal
+    fa.check_compute_capability, fa.is_cuda_compute_capability_equal = at_least, equal
+    try:
+        yield
+    finally:
+        fa.check_compute_capability, fa.is_cuda_compute_capability_equal = saved
+
+
 def compile_program(
     jitted: Any,
     args: tuple[Any, ...],
@@ -399,7 +428,7 @@ def compile_program(
     try:
         with _captured_stderr(kernels and ptxas_log_enabled()) as log:
             try:
-                with jax.sharding.use_abstract_mesh(m.abstract_mesh):
+                with jax.sharding.use_abstract_mesh(m.abstract_mesh), _cudnn_checks_for(t):
                     lowered = jitted.lower(*args)
                 compiled = lowered.compile(compiler_options=options or None)
             except Exception as e:
@@ -427,10 +456,6 @@ def compile_program(
     assert memory is not None, "the GPU compiler reports memory"
     report = CompileReport(t, memory, found, seconds, what)
     return (report, compiled) if keep_executable else report
-
-
-def abstract(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
 def replicated(target: str | Target = DEFAULT):
@@ -477,17 +502,6 @@ def compile_attention(
     )
     assert isinstance(out, CompileReport)
     return out
-
-
-def compile_fn(target: str | Target = DEFAULT) -> Callable[..., Any]:
-    """``(jitted, args) -> (MemoryReport, executable)`` for ``target``: what the memory planner
-    (``memory_plan.plan``) calls to price a candidate."""
-
-    def run(jitted, args, what="train step"):
-        report, compiled = compile_program(jitted, args, target, what=what, keep_executable=True)
-        return report.memory, compiled
-
-    return run
 
 
 # --------------------------------------------------------------------------------------------

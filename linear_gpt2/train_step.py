@@ -33,26 +33,28 @@ def init_state(params, tx: optax.GradientTransformation) -> TrainState:
 def make_train_step(model_cfg: ModelConfig, tx: optax.GradientTransformation, skip_nonfinite: bool):
     """``step(state, inputs, targets, key) -> (state, metrics)``.
 
-    inputs, targets: int32 ``[accum, B, T]``. ``key`` seeds dropout; each update folds in its step
-    number so a resumed run draws the same masks. With ``skip_nonfinite`` an update whose loss or
+    inputs, targets (and, with ``doc_reset``, segments: document ids): int32 ``[accum, B, T]``.
+    ``key`` seeds dropout; each update folds in its step number so a resumed run draws the same
+    masks. With ``skip_nonfinite`` an update whose loss or
     gradient is NaN/inf is dropped (parameters and optimizer state unchanged) and reported.
     """
 
-    def step(state: TrainState, inputs: jax.Array, targets: jax.Array, key: jax.Array):
+    def step(state: TrainState, inputs, targets, key, segments=None):
         accum = inputs.shape[0]
         keys = jax.random.split(jax.random.fold_in(key, state.step), accum)
         grad_fn = jax.value_and_grad(loss_fn)
 
         def micro(carry, xs):
             grads, loss = carry
-            x, y, k = xs
-            l, g = grad_fn(state.params, x, y, model_cfg, train=True, rng=k)
+            x, y, k, *seg = xs
+            l, g = grad_fn(
+                state.params, x, y, model_cfg, train=True, rng=k, segment_ids=(seg or [None])[0]
+            )
             return (jax.tree.map(jnp.add, grads, g), loss + l), None
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        (grads, loss), _ = jax.lax.scan(
-            micro, (zeros, jnp.zeros((), jnp.float32)), (inputs, targets, keys)
-        )
+        xs = (inputs, targets, keys) + (() if segments is None else (segments,))
+        (grads, loss), _ = jax.lax.scan(micro, (zeros, jnp.zeros((), jnp.float32)), xs)
         grads = jax.tree.map(lambda g: g / accum, grads)
         loss = loss / accum
         grad_norm = optax.tree.norm(grads)
@@ -71,9 +73,13 @@ def make_train_step(model_cfg: ModelConfig, tx: optax.GradientTransformation, sk
 def make_eval_step(model_cfg: ModelConfig):
     """``eval(params, inputs, targets) -> mean loss`` over ``[accum, B, T]`` batches."""
 
-    def evaluate(params, inputs, targets):
-        losses = jax.lax.map(lambda xy: loss_fn(params, xy[0], xy[1], model_cfg), (inputs, targets))
-        return losses.mean()
+    def evaluate(params, inputs, targets, segments=None):
+        def one(xs):
+            x, y, *seg = xs
+            return loss_fn(params, x, y, model_cfg, segment_ids=(seg or [None])[0])
+
+        xs = (inputs, targets) + (() if segments is None else (segments,))
+        return jax.lax.map(one, xs).mean()
 
     return evaluate
 
@@ -105,9 +111,11 @@ def jit_train_step(
     sh = state_shardings(abstract_state, mesh, fsdp)
     sh = TrainState(sh.params, sh.opt_state, replicated(mesh))
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
+    # With doc_reset the step takes the document ids as a fifth argument, sharded as the tokens.
+    extra = (batch3,) if model_cfg.doc_reset else ()
     step = jax.jit(
         make_train_step(model_cfg, tx, skip_nonfinite),
-        in_shardings=(sh, batch3, batch3, replicated(mesh)),
+        in_shardings=(sh, batch3, batch3, replicated(mesh), *extra),
         out_shardings=(sh, replicated(mesh)),
         donate_argnums=(0,),
     )
@@ -121,5 +129,6 @@ def jit_train_step(
         tokens,
         tokens,
         jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(mesh)),
+        *((tokens,) if model_cfg.doc_reset else ()),
     )
     return StepProgram(step, args, sh)

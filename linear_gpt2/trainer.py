@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from linear_gpt2 import checkpoint as ckpt_lib
 from linear_gpt2 import data as data_lib
 from linear_gpt2 import kernels, memory_plan
 from linear_gpt2.config import Config, ConfigError, save_config
+from linear_gpt2.errors import CheckpointError, OutOfMemoryError, RunError, UsageError
 from linear_gpt2.flops import device_peak_flops, flops_per_token
 from linear_gpt2.logger import RunLogger, plot_loss, read_jsonl
 from linear_gpt2.memory import compiled_memory, is_oom
@@ -43,8 +45,8 @@ from linear_gpt2.train_step import (
 )
 
 
-class NonFiniteLossError(RuntimeError):
-    pass
+class NonFiniteLossError(RunError):
+    """The loss or gradient norm became NaN or infinite (``train.on_nan: stop``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,9 +140,6 @@ def train(cfg: Config) -> RunResult:
     model_cfg = cfg.model_config
     tx = optimizer(cfg.train)
 
-    if is_main:
-        save_config(cfg, run_dir / "config.yaml")
-
     abstract_params = jax.eval_shape(lambda: init_params(model_cfg, cfg.seed))
     n_params = count_params(abstract_params, non_embedding=False)
     abstract_state = jax.eval_shape(lambda: init_state(init_params(model_cfg, cfg.seed), tx))
@@ -148,36 +147,48 @@ def train(cfg: Config) -> RunResult:
     state_sh = TrainState(state_sh.params, state_sh.opt_state, replicated(mesh))
     rng = jax.random.key(cfg.seed)
 
-    checkpointer = ckpt_lib.Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
+    # Everything that can refuse this run is checked before anything is written into run_dir.
+    warn = _warn if is_main else (lambda message: None)
+    checkpointer = ckpt_lib.Checkpointer(run_dir / "checkpoints", cfg.checkpoint, warn=warn)
+    source, only_step = _resume_source(cfg, checkpointer, warn)
+    if source is not None:  # refuse another experiment's checkpoints before opening the data
+        source.select(cfg, step=only_step, report=False)
     loader = data_lib.make_loader(
-        cfg.data, "train", plan.local_sequences, jax.process_index(), jax.process_count()
+        cfg.data,
+        "train",
+        plan.local_sequences,
+        jax.process_index(),
+        jax.process_count(),
+        segments=cfg.attention.doc_reset,
     )
     state, start_step = None, 0
-    resume = cfg.checkpoint.resume
-    source = checkpointer if resume in ("auto",) else None
-    if resume not in ("auto", "never"):
-        source = ckpt_lib.Checkpointer(resume, cfg.checkpoint)
-    if source is not None and source.latest_step() is not None:
-        start_step = int(source.latest_step())
-        abstract_ckpt = {
-            "train": ckpt_lib.abstract(abstract_state, state_sh),
-            "rng": np.asarray(jax.random.key_data(rng)),
-        }
-        restored, data_state = source.restore(start_step, abstract_ckpt, cfg)
-        state, rng = restored["train"], jax.random.wrap_key_data(restored["rng"])
-        loader.load_state_dict(data_state)
-    elif resume not in ("auto", "never"):
-        raise FileNotFoundError(f"checkpoint.resume={resume!r} holds no checkpoint")
-    elif resume == "never" and checkpointer.latest_step() is not None:
-        raise FileExistsError(
-            f"{checkpointer.directory} already holds checkpoints (latest step "
-            f"{checkpointer.latest_step()}) and checkpoint.resume=never; continue that run with "
-            "checkpoint.resume=auto, or start a new one with another log.name or log.run_dir"
-        )
+    try:
+        if source is not None:
+            abstract_ckpt = {
+                "train": ckpt_lib.abstract(abstract_state, state_sh),
+                "rng": np.asarray(jax.random.key_data(rng)),
+            }
+            found = _restore(source, only_step, cfg, abstract_ckpt, own=source is checkpointer)
+            if found is not None:
+                start_step, restored, data_state = found
+                state, rng = restored["train"], jax.random.wrap_key_data(restored["rng"])
+                try:
+                    loader.load_state_dict(data_state)
+                except ValueError as e:
+                    raise ckpt_lib.IncompatibleCheckpointError(
+                        f"checkpoint {source.directory / str(start_step)}: {e}; start a new run "
+                        "(another log.name) to train on other data"
+                    ) from None
+    except BaseException:
+        loader.close()
+        checkpointer.close()
+        raise
     if state is None:
         state = jax.jit(
             lambda: init_state(init_params(model_cfg, cfg.seed), tx), out_shardings=state_sh
         )()
+    if is_main:
+        save_config(cfg, run_dir / "config.yaml")
 
     total = cfg.train.max_steps
     log = RunLogger(cfg, run_dir, enabled=is_main, start_step=start_step, total_steps=total)
@@ -190,7 +201,15 @@ def train(cfg: Config) -> RunResult:
 
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
     train_step, model_cfg = _planned_train_step(cfg, model_cfg, tx, mesh, plan, log)
-    eval_step = jax.jit(make_eval_step(model_cfg), in_shardings=(state_sh.params, batch3, batch3))
+    eval_step = jax.jit(
+        make_eval_step(model_cfg),
+        in_shardings=(
+            state_sh.params,
+            batch3,
+            batch3,
+            *((batch3,) if cfg.attention.doc_reset else ()),
+        ),
+    )
 
     tokens_per_update = plan.sequences * cfg.data.context
     flops_update = flops_per_token(model_cfg, n_params, cfg.data.context) * tokens_per_update
@@ -201,12 +220,14 @@ def train(cfg: Config) -> RunResult:
     stopped_by = "max_steps"
     step = start_step
 
-    def to_global(batch: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
+    def to_global(batch: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
+        """(inputs, targets[, segments]) as global ``[accum, micro, T]`` arrays."""
         local_micro = plan.local_sequences // plan.accum
         shape = (plan.accum, local_micro, cfg.data.context)
-        x = batch["inputs"].astype(np.int32).reshape(shape)
-        y = batch["targets"].astype(np.int32).reshape(shape)
-        return global_batch(x, mesh, 1), global_batch(y, mesh, 1)
+        keys = (
+            ("inputs", "targets", "segments") if cfg.attention.doc_reset else ("inputs", "targets")
+        )
+        return tuple(global_batch(batch[k].astype(np.int32).reshape(shape), mesh, 1) for k in keys)
 
     def save(at: int, force: bool = False) -> None:
         nonlocal last_saved
@@ -223,16 +244,16 @@ def train(cfg: Config) -> RunResult:
     try:
         with _StopFlag() as stop:
             while step < total:
-                inputs, targets = to_global(next(loader))
+                arrays = to_global(next(loader))
                 t0 = time.perf_counter()
                 try:
-                    state, metrics = train_step(state, inputs, targets, rng)
+                    state, metrics = train_step(state, arrays[0], arrays[1], rng, *arrays[2:])
                     metrics = jax.device_get(metrics)  # waits for the device: the time is real
                     for choice in kernels.new_choices():  # made by shape when first traced
                         log.print(f"kernel: {choice}")
                 except Exception as e:
                     if is_oom(e):
-                        raise MemoryError(_oom_message(cfg, plan, n_params)) from e
+                        raise OutOfMemoryError(_oom_message(cfg, plan, n_params)) from e
                     raise
                 dt = time.perf_counter() - t0
                 step += 1
@@ -330,7 +351,7 @@ def _planned_train_step(cfg: Config, model_cfg, tx, mesh, plan: BatchPlan, log):
     chosen = memory_plan.plan(model_cfg, compile_candidate, budget)
     log.print(f"memory: {chosen.describe()}")
     if not chosen.fits:
-        raise MemoryError(
+        raise OutOfMemoryError(
             f"the training step does not fit in device memory with any setting: "
             f"{chosen.describe()}. Lower train.micro_batch (accumulation keeps "
             f"tokens_per_update) or data.context, or set train.fsdp=true"
@@ -339,17 +360,102 @@ def _planned_train_step(cfg: Config, model_cfg, tx, mesh, plan: BatchPlan, log):
     return step, chosen.config
 
 
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _resume_source(
+    cfg: Config, own: ckpt_lib.Checkpointer, warn
+) -> tuple[ckpt_lib.Checkpointer | None, int | None]:
+    """Where this run continues from: ``(checkpointer, step or None for its newest)``, or
+    ``(None, None)`` to start at step 0. Refusals raise before anything is written."""
+    resume = cfg.checkpoint.resume
+    if resume == "auto":
+        return own, None
+    if resume == "never":
+        if own.steps():
+            raise RunDirectoryInUseError(
+                f"{own.directory} already holds checkpoints (latest step {own.latest_step()}) and "
+                "checkpoint.resume=never; continue that run with checkpoint.resume=auto, start a "
+                f"new one with another log.name or log.run_dir, or move {own.directory.parent} "
+                "aside to start it over"
+            )
+        return None, None
+    if own.steps():  # a preempted run that started from another checkpoint: continue its own
+        warn(
+            f"checkpoint.resume={resume}: {own.directory} already holds this run's checkpoints; "
+            "continuing from those"
+        )
+        return own, None
+    directory, step = ckpt_lib.resolve_checkpoint(resume)
+    source = ckpt_lib.Checkpointer(directory, cfg.checkpoint, warn=warn)
+    if not source.steps():
+        raise CheckpointError(
+            f"checkpoint.resume={resume!r} holds no checkpoint (no step directories in "
+            f"{directory}); point it at a run directory or a checkpoints directory, or use "
+            "checkpoint.resume=auto"
+        )
+    return source, step
+
+
+def _restore(source: ckpt_lib.Checkpointer, step: int | None, cfg: Config, abstract, own: bool):
+    """``(step, state, loader position)`` of the newest intact checkpoint, or ``None``. Damaged
+    checkpoints of this run are moved aside (by process 0, once every process agreed on the
+    step); another run's are only skipped."""
+    if jax.process_count() == 1 and step is None:
+        try:
+            return source.restore_latest(cfg, abstract, move_damaged=own)
+        finally:
+            if not own:
+                source.close()
+    chosen = source.select(cfg, move_damaged=False, step=step)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        chosen_all = int(
+            multihost_utils.broadcast_one_to_all(np.int64(-1 if chosen is None else chosen))
+        )
+        chosen = None if chosen_all < 0 else chosen_all
+        if own and jax.process_index() == 0:
+            for s, reason in source.last_damaged:
+                if chosen is None or s > chosen:
+                    source.move_aside(s, reason)
+        multihost_utils.sync_global_devices("linear_gpt2: damaged checkpoints moved aside")
+    if chosen is None:
+        return None
+    try:
+        state, data_state = source.restore(chosen, abstract)
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {source.directory / str(chosen)} could not be restored "
+            f"({ckpt_lib.short_error(e)}); if it is damaged, move it to "
+            f"{source.directory / ckpt_lib.DAMAGED}/ and run again"
+        ) from e
+    finally:
+        if not own:
+            source.close()
+    return chosen, state, data_state
+
+
+class RunDirectoryInUseError(UsageError):
+    """``checkpoint.resume=never`` on a run directory that already holds checkpoints."""
+
+
 def _evaluate(eval_step, params, to_global, cfg: Config, plan: BatchPlan) -> float | None:
     """Mean loss over the first ``log.eval_batches`` batches of the held-out split (the same
     batches at every evaluation, so the numbers compare across steps and runs)."""
     loader = data_lib.make_loader(
-        cfg.data, "validation", plan.local_sequences, jax.process_index(), jax.process_count()
+        cfg.data,
+        "validation",
+        plan.local_sequences,
+        jax.process_index(),
+        jax.process_count(),
+        segments=cfg.attention.doc_reset,
     )
     losses = []
     try:
         for _, batch in zip(range(cfg.log.eval_batches), loader):
-            x, y = to_global(batch)
-            losses.append(float(eval_step(params, x, y)))
+            losses.append(float(eval_step(params, *to_global(batch))))
     finally:
         loader.close()
     return float(np.mean(losses)) if losses else None

@@ -22,8 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from linear_gpt2 import cli  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
     from linear_gpt2 import bench
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -39,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stem", default=None, help="default sample_time_<device>")
     args = p.parse_args(argv)
 
+    from linear_gpt2 import distributed
+
+    distributed.initialize()  # a missing device is one line, not a JAX traceback
     from linear_gpt2 import plots, sampling
 
     sizes = args.sizes or (["tiny"] if args.tiny else ["124M"])

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import attention, bench, plots  # noqa: E402
+from linear_gpt2 import attention, bench, cli, plots  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,9 +134,17 @@ def frontier_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.target:
+    if args.target:  # compile-only: no device is used
         return frontier_main(args)
+    from linear_gpt2 import distributed
+
+    distributed.initialize()  # a missing device is one line, not a JAX traceback
     names = args.attentions or attention.names()
     if args.tiny:
         sizes = args.sizes or ["tiny"]

@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from linear_gpt2 import cli  # noqa: E402
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from linear_gpt2 import target
@@ -111,7 +113,15 @@ def run_attention(args) -> int:
     options = {}
     for o in args.overrides:
         k, _, v = o.partition("=")
+        if not k or not v:
+            raise cli.UsageError(f"attention options look like key=value, got {o!r}")
         options[k] = int(v) if v.lstrip("-").isdigit() else (float(v) if _is_float(v) else v)
+    from linear_gpt2 import attention
+
+    try:
+        attention.get(args.attention, **options)  # bad names and options: usage errors
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise cli.UsageError(str(e)) from None
     report = target.compile_attention(
         args.attention,
         tuple(args.shape),
@@ -209,29 +219,23 @@ def run_step(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from linear_gpt2 import target
+
     if "--kernels" in argv or "--attention" in argv:
         # ptxas's register/spill report is an XLA INFO log: enable it before JAX starts.
-        from linear_gpt2 import target
-
         target.enable_ptxas_log()
     args = parse_args(argv)
-    from linear_gpt2 import target
-    from linear_gpt2.config import ConfigError
-
-    try:
-        if args.list_targets:
-            for t in target.TARGETS.values():
-                print(t.describe())
-            return 0
-        return run_attention(args) if args.attention else run_step(args)
-    except (ConfigError, target.TargetError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (target.TargetUnavailableError, target.CompileError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if args.list_targets:
+        for t in target.TARGETS.values():
+            print(t.describe())
+        return 0
+    return run_attention(args) if args.attention else run_step(args)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    cli.main(_main)

@@ -23,10 +23,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import plots  # noqa: E402
+from linear_gpt2 import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from linear_gpt2 import plots
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("runs", nargs="*", help="run directories or directories of runs")
     p.add_argument("--wandb-project", default=None)
@@ -39,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.wandb_project:
         runs += plots.load_wandb_runs(args.wandb_project, args.wandb_group, args.wandb_entity)
     if not runs:
-        print("no runs found (give run directories or --wandb-project)", file=sys.stderr)
-        return 2
+        raise cli.UsageError(
+            f"no runs found in {' '.join(args.runs) or '(nothing given)'}: give run directories "
+            "(each holding config.yaml and metrics.jsonl) or --wandb-project"
+        )
     out = Path(args.out)
     for size in dict.fromkeys(r.size for r in runs):
         group = [r for r in runs if r.size == size]

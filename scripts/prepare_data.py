@@ -17,61 +17,64 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2.config import ConfigError, load_config  # noqa: E402
-from linear_gpt2.data import DEFAULT_SAMPLE_DIR, c4_files, ensure_sample, prepare_split  # noqa: E402
-from linear_gpt2.data.sources import DataError  # noqa: E402
+from linear_gpt2 import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from rich.console import Console
+
+    from linear_gpt2.config import load_config
+    from linear_gpt2.data import DEFAULT_SAMPLE_DIR, c4_files, ensure_sample
+
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.path=/dir")
     ap.add_argument("--config", default=None, help="YAML run config")
     ap.add_argument("--splits", nargs="+", default=None, help="default: train and data.val_split")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     console = Console(stderr=True)
-    try:
-        cfg = load_config(args.config, args.overrides).data
-    except ConfigError as e:
-        console.print(f"[red]config error:[/red] {e}")
-        return 2
+    cfg = load_config(args.config, args.overrides).data
     if cfg.source == "synthetic":
-        console.print("[red]data.source=synthetic has nothing to tokenize[/red]")
-        return 2
+        raise cli.UsageError("data.source=synthetic has nothing to tokenize; use sample or c4")
     if cfg.source == "sample":
         root = Path(cfg.path or DEFAULT_SAMPLE_DIR)
         ensure_sample(root)
         out = Path(cfg.tokenized_dir) if cfg.tokenized_dir else root / "tokenized"
     else:
         if not cfg.path or not cfg.tokenized_dir:
-            console.print(
-                "[red]set data.path (local C4 files, e.g. data.path=/dir/with/c4-train.*.json.gz) "
-                "and data.tokenized_dir (output directory)[/red]; streaming from the hub needs no "
+            raise cli.UsageError(
+                "set data.path (local C4 files, e.g. data.path=/dir/with/c4-train.*.json.gz) and "
+                "data.tokenized_dir (output directory); streaming from the hub needs no "
                 "pre-tokenization"
             )
-            return 2
         root, out = Path(cfg.path), Path(cfg.tokenized_dir)
     splits = args.splits or ["train", cfg.val_split]
-    try:
-        for split in splits:
-            files = c4_files(root, split)
-            _prepare(console, files, out / split, split, cfg.num_proc)
-    except (DataError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return 1
+    for split in splits:
+        files = c4_files(root, split)
+        _prepare(console, files, out / split, split, cfg.num_proc)
     console.print(f"done: set data.tokenized_dir={out} for training")
     return 0
 
 
-def _prepare(
-    console: Console, files: list[Path], split_dir: Path, split: str, num_proc: int
-) -> None:
+def _prepare(console, files: list[Path], split_dir: Path, split: str, num_proc: int) -> None:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from linear_gpt2.data import prepare_split
+
     totals = {"tokens": 0, "docs": 0, "no_text": 0, "empty_files": 0, "skipped": 0}
     t0 = time.perf_counter()
     columns = (

@@ -2,31 +2,39 @@
 """Train GPT-2 from a config file: ``python scripts/train.py CONFIG [section.key=value ...]``.
 
 Multi-host: launch one process per host (SLURM and Open MPI are detected; see docs/training.md).
+A failure ends with one line ``error: ...`` on stderr: exit 2 for a bad config or a refused
+rerun, 1 for damaged data or checkpoints, a missing device, a non-finite loss or out of memory.
+``--debug`` (or ``LINEAR_GPT2_DEBUG=1``) also prints the traceback.
 """
 
 import sys
+from pathlib import Path
 
-from linear_gpt2 import distributed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from linear_gpt2 import cli  # noqa: E402
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    from linear_gpt2.config import load_config  # no JAX: a bad config fails in a second
+
+    cfg = load_config(argv[0], argv[1:])
+
+    from linear_gpt2 import distributed
+
     distributed.initialize()  # before any other JAX call
 
-    from linear_gpt2.config import ConfigError, load_config
-    from linear_gpt2.trainer import NonFiniteLossError, train
+    from linear_gpt2.trainer import train
 
-    try:
-        cfg = load_config(argv[0], argv[1:])
-        result = train(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except (NonFiniteLossError, MemoryError, FileExistsError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    result = train(cfg)
     print(
         f"finished at step {result.last_step} ({result.stopped_by}); run directory {result.run_dir}"
     )
@@ -34,4 +42,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

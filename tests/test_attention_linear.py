@@ -16,17 +16,11 @@ from hypothesis import strategies as st
 
 from linear_gpt2 import attention
 from linear_gpt2.attention import linear, lt_attention_parallel
+from linear_gpt2.config import LINEAR_ATTENTIONS
 from linear_gpt2.memory import attention_temp_bytes
 from tests.helpers import rel_err
 
-LINEAR = (
-    "LT_attention",
-    "LT_attention_parallel_no_flash",
-    "LT_attention_parallel",
-    "LT_state",
-    "LT_state_parallel",
-    "LT_chunked",
-)
+LINEAR = LINEAR_ATTENTIONS  # every linear formulation (config.py's list)
 FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
 EPS = 1e-6
 

@@ -299,9 +299,9 @@ def test_record_without_text_is_skipped_and_counted(tmp_path, caplog):
 @pytest.mark.parametrize(
     "case, match",
     [
-        ("truncated", "truncated or corrupt gzip"),
-        ("not_json", "not valid JSON"),
-        ("not_utf8", "not UTF-8"),
+        ("truncated", r"truncated or corrupt gzip file after line \d+ .*re-download it"),
+        ("not_json", r"line 4: not valid JSON .*fix that line"),
+        ("not_utf8", r"line 4: bytes that are not UTF-8"),
         ("text_not_str", "'text' is int"),
     ],
 )
@@ -321,7 +321,7 @@ def test_bad_files_are_errors_naming_the_file(tmp_path, case, match):
         write_c4(f, [], raw=(good[0] + "\n" + json.dumps({"text": 5}) + "\n").encode())
     with pytest.raises(DataError, match=match) as err:
         list(iter_file(f))
-    assert str(f) in str(err.value)
+    assert str(f) in str(err.value) and "\n" not in str(err.value)
     # The loader surfaces the same error from its prefetch thread.
     loader = make_loader(DataConfig(source="c4", path=str(tmp_path), context=4), "train", 1)
     with pytest.raises(DataError, match=match):
@@ -335,11 +335,43 @@ def test_corrupt_or_empty_token_shard(tokenized, tmp_path):
     shutil.copytree(tokenized / "train", bad)
     shard = next(bad.glob("*.bin"))
     shard.write_bytes(shard.read_bytes()[:-2])
-    with pytest.raises(DataError, match="does not match the index"):
+    with pytest.raises(DataError, match=r"\d+ bytes, but the index records \d+ tokens"):
+        TokenShards(bad)
+    shard.write_bytes(shard.read_bytes()[:-1])  # not even a whole number of tokens
+    with pytest.raises(DataError, match="corrupt or truncated"):
         TokenShards(bad)
     shard.write_bytes(b"")
     with pytest.raises(DataError, match="corrupt"):
         TokenShards(bad)
+
+
+def test_shards_are_validated_once_when_opened(tokenized, tmp_path):
+    """Ids at or above the vocabulary (which would turn into a NaN loss at step 1) fail at open,
+    naming the shard and the position; a shard that passed is not scanned again until it
+    changes; a wrong dtype in the index is refused."""
+    import shutil
+
+    split = tmp_path / "train"
+    shutil.copytree(tokenized / "train", split)
+    (split / "validated.json").unlink(missing_ok=True)  # copied from the fixture's opens
+    first = TokenShards(split)
+    assert first.scanned_tokens == first.n_tokens and (split / "validated.json").is_file()
+    again = TokenShards(split)
+    assert again.scanned_tokens == 0 and again.n_tokens == first.n_tokens
+
+    shard = sorted(split.glob("*.bin"))[1]
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    tokens[7] = 60000
+    tokens.tofile(shard)  # same size, new mtime: scanned again
+    with pytest.raises(DataError, match=rf"{shard.name}: token id 60000 at token 7 .* < 50257"):
+        TokenShards(split)
+    index = json.loads((split / "index.json").read_text())
+    index["dtype"] = "uint32"
+    (split / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DataError, match="dtype 'uint32'"):
+        TokenShards(split)
+    # The largest id is recorded at write time too.
+    assert all(e["max_id"] == EOT for e in index["shards"].values() if e["n_tokens"])
 
 
 def test_hub_offline_fails_fast(monkeypatch):

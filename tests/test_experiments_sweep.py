@@ -1,7 +1,11 @@
 """Sweeps: grid/point expansion and run names, a 2 x 2 sweep that trains and is skipped when
-run again, the dry run, and the SLURM array script."""
+run again, the dry run, the SLURM array script, command-line overrides in every kind of run, and
+reruns after the config changed."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,7 +114,7 @@ def test_grid_times_points_names_and_slurm(tmp_path):
     script = sweep_lib.slurm_script(sweep, ["train.max_steps=5"])
     assert "#SBATCH --array=0,1,2,3%2" in script
     assert "#SBATCH --gpus-per-node=4" in script and "#SBATCH --partition=gpu" in script
-    assert "--point $SLURM_ARRAY_TASK_ID train.max_steps=5" in script
+    assert '--point "$SLURM_ARRAY_TASK_ID" train.max_steps=5' in script
     assert "#   3: ctx32_LT_chunked_c16" in script
 
     # Without name_keys the name uses the keys that vary.
@@ -138,3 +142,86 @@ def test_shipped_sweeps_resolve():
             sweep_lib.point_config(sweep, p)  # every point is a valid config
     chunk = sweep_lib.load_sweep(ROOT / "configs" / "sweeps" / "chunk_size.yaml")
     assert chunk.points[1].name == "ctx16384_LT_chunked_c64"
+
+
+def _steps(run: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_overrides_reach_subprocesses_in_process_runs_and_the_slurm_script(tmp_path, capsys):
+    """``key=value`` before or after the options, in a local run (each point a subprocess), an
+    ``--in-process`` run and the generated SLURM array script, executed here with bash; raising
+    ``train.max_steps`` on a finished point continues it instead of skipping it."""
+    path = write_sweep(
+        tmp_path,
+        grid={"data.context": [16]},
+        name_keys=["data.context"],
+        slurm={"python": sys.executable},
+    )
+    run = tmp_path / "runs" / "ctx16"
+    script = [sys.executable, str(ROOT / "scripts" / "sweep.py")]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+    # Local run, overrides after the file: the child (sweep.py FILE --point 0 key=value) gets them.
+    out = subprocess.run(
+        [*script, str(path), "train.max_steps=1"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "1 points, 0 failed" in out.stdout
+    assert _steps(run) == [1] and json.loads((run / "DONE").read_text())["step"] == 1
+
+    # In process, option first: max_steps raised from 1 to 2 continues the finished point.
+    sweep_script = load_script("sweep")
+    assert sweep_script.main(["--in-process", str(path), "train.max_steps=2"]) == 0
+    printed = capsys.readouterr().out
+    assert "config changed: train.max_steps 1 -> 2" in printed, printed
+    assert _steps(run) == [1, 2]
+    assert sweep_script.main([str(path), "train.max_steps=2", "--dry-run"]) == 0
+    assert "[0] done ctx16" in capsys.readouterr().out
+
+    # The SLURM array script carries the overrides into the task's command.
+    sh = tmp_path / "array.sh"
+    assert sweep_script.main([str(path), "--slurm", str(sh), "train.max_steps=3"]) == 0
+    text = sh.read_text()
+    assert "#SBATCH --array=0" in text and "train.max_steps=3" in text
+    task = subprocess.run(
+        ["bash", "-c", f'srun() {{ "$@"; }}; export -f srun; bash {sh}'],
+        env={**env, "SLURM_ARRAY_TASK_ID": "0"},
+        capture_output=True,
+        text=True,
+    )
+    assert task.returncode == 0, task.stdout[-2000:] + task.stderr[-2000:]
+    assert _steps(run) == [1, 2, 3] and json.loads((run / "DONE").read_text())["step"] == 3
+    assert "nothing to submit" in sweep_lib.slurm_script(
+        sweep_lib.load_sweep(path, ["train.max_steps=3"])
+    )
+
+    # Another experiment in the same run directory is stale: reported, not run, exit 1.
+    assert sweep_script.main([str(path), "train.max_steps=3", "train.lr=0.01", "--in-process"]) == 1
+    printed = capsys.readouterr().out
+    assert "stale" in printed and "train.lr" in printed and "out_dir" in printed
+    assert _steps(run) == [1, 2, 3]
+    assert "not submitted, stale" in sweep_lib.slurm_script(
+        sweep_lib.load_sweep(path, ["train.max_steps=3", "train.lr=0.01"])
+    )
+
+
+def test_sweep_command_line_errors(tmp_path, capsys):
+    sweep_script = load_script("sweep")
+    assert sweep_script.main([str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: sweep file")
+        and "configs/sweeps/" in err
+        and len(err.splitlines()) == 1
+    )
+    path = write_sweep(tmp_path, grid={"data.context": [16]})
+    assert sweep_script.main([str(path), "train.max_step=3", "--dry-run"]) == 2
+    assert "did you mean 'max_steps'" in capsys.readouterr().err
+    assert sweep_script.main([str(path), "--point", "5"]) == 2
+    assert "--point 5 is not a point" in capsys.readouterr().err
+    # --help cites sweep files that exist.
+    doc = sweep_script.__doc__
+    for word in doc.split():
+        if word.startswith("configs/sweeps/"):
+            assert (ROOT / word).is_file(), word

@@ -132,3 +132,19 @@ def test_load_from_run_and_checkpoint_dirs(tmp_path, capsys):
     out = capsys.readouterr()
     assert out.out.startswith("Hello") and "LT_chunked" in out.err
     assert Path(run).exists()
+
+
+def test_prompt_and_token_counts_are_checked():
+    """A prompt that does not fit loses its beginning (the caller warns); token counts that
+    cannot be met are refused with the numbers, never a token printed for --tokens 0."""
+    assert sampling.fit_prompt([1, 2, 3], 2, 8) == ([1, 2, 3], 0)
+    assert sampling.fit_prompt(list(range(10)), 3, 8) == ([5, 6, 7, 8, 9], 5)
+    with pytest.raises(sampling.SamplingError, match="must be >= 1"):
+        sampling.fit_prompt([1], 0, 8)
+    with pytest.raises(sampling.SamplingError, match="block_size is 8.*--tokens 7 or fewer"):
+        sampling.fit_prompt([1], 8, 8)
+    cfg = ModelConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    params = init_params(cfg, 0)
+    for n in (0, -1):
+        with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+            sampling.generate(params, cfg, [[1, 2]], n)

@@ -182,6 +182,24 @@ def test_flash_auto_is_cudnn_for_the_h100():
     assert "cudnn" in compiled.as_text().lower()
 
 
+def test_flash_with_document_resets_is_cudnn_packed_for_the_h100():
+    """cuDNN's packed sequences (JAX's own check reads the default backend; the target's
+    compute capability answers it while compiling for the H100)."""
+    from linear_gpt2 import attention
+
+    rep = target.replicated()
+    x = jax.ShapeDtypeStruct((1, 2048, 12, 64), "bfloat16", sharding=rep)
+    r = jax.ShapeDtypeStruct((1, 2048), "bool", sharding=rep)
+    fn = attention.get("flash")
+
+    def f(q, k, v, resets, dy):
+        y, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, resets=resets), q, k, v)
+        return y, vjp(dy)
+
+    _, compiled = target.compile_program(jax.jit(f), (x, x, x, r, x), "h100", keep_executable=True)
+    assert compiled.as_text().count("__cudnn$fmha") == 2  # forward and backward
+
+
 # --------------------------------------------------------------------------------------------
 # The 124M training step at 64k tokens (batch 1, bf16, AdamW): the post's timing setting
 
@@ -219,8 +237,8 @@ def test_command_rejects_an_unknown_target_in_one_line():
 
 
 def test_command_reports_a_step_that_does_not_fit_with_the_largest_context(tmp_path):
-    """A budget between the memory of context 1024 and 2048 (measured here): the command says
-    what 2048 needs and that 1024 is the largest context that fits, without a traceback."""
+    """A budget one byte above what context 1024 needs (measured here): the command says what
+    2048 needs and that 1024 is the largest context that fits, without a traceback."""
     # An explicit setting: auto would compile every rung of the ladder for the context that does
     # not fit (the behaviour is the same, the test four times slower).
     small = [
@@ -228,23 +246,24 @@ def test_command_reports_a_step_that_does_not_fit_with_the_largest_context(tmp_p
         "model.remat=offload", "model.loss_chunk=4096",
     ]  # fmt: skip
     cfg = ModelConfig(n_layer=1, n_embd=64, n_head=2, dtype="bfloat16", remat="offload",
-                      loss_chunk=4096)  # fmt: skip
-    mem = {
-        T: target.compile_train_step(cfg.replace(block_size=T), "h100").compile.memory.total
-        for T in (1024, 2048)
-    }
-    budget = (mem[1024] + mem[2048]) / 2 / GiB
+                      loss_chunk=4096, block_size=1024)  # fmt: skip
+    fits = target.compile_train_step(cfg, "h100").compile.memory.total
     out = tmp_path / "report.json"
     r = _compile_cmd(
         "configs/default.yaml", *small, "model.block_size=2048", "data.context=2048",
-        "model.dtype=bfloat16", "--batch", "1", "--budget-gib", f"{budget:.9f}", "--json", str(out),
+        "model.dtype=bfloat16", "--batch", "1", "--budget-gib", f"{(fits + 1) / GiB:.12f}",
+        "--json", str(out),
     )  # fmt: skip
     assert r.returncode == 1, r.stderr
-    last = r.stderr.strip().splitlines()[-1]
     assert "Traceback" not in r.stderr
-    assert f"needs {mem[2048]:,} bytes" in last, last
+    report = json.loads(out.read_text())
+    need = report["step"]["memory"]["total"]
+    assert need > fits and not report["step"]["fits"]
+    assert report["frontier"]["largest_context"] == 1024
+    assert report["frontier"]["memory"]["1024"] == fits  # the same program as compiled here
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"needs {need:,} bytes" in last, last
     assert "the largest power-of-two context that fits is 1,024" in last, last
-    assert json.loads(out.read_text())["frontier"]["largest_context"] == 1024
 
 
 def test_command_reports_kernel_registers_and_spills(tmp_path):

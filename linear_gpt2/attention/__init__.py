@@ -20,6 +20,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from linear_gpt2.errors import UsageError
+
 AttentionFn = Callable[..., Any]
 
 
@@ -56,11 +58,11 @@ _VARIANTS: dict[str, str] = {
 
 # Every option any variant may read; ModelConfig carries all of them, so ``get`` accepts all and
 # passes each variant only the ones it declares.
-ALL_OPTIONS = ("feature_map", "chunk_size", "kernel", "scan", "eps")
+ALL_OPTIONS = ("feature_map", "chunk_size", "kernel", "scan", "eps", "doc_reset", "decay")
 
 
-class UnknownAttentionError(ValueError):
-    pass
+class UnknownAttentionError(UsageError):
+    """An attention name or kernel that is not registered (a ``ValueError``)."""
 
 
 def names() -> list[str]:

@@ -27,6 +27,12 @@ Kernels (``make(kernel=...)``):
 - ``auto`` (default): ``cudnn`` on GPU (or compiling for one: ``linear_gpt2.target``), falling back to ``xla`` (with a warning) when cuDNN rejects
   the dtype or shape at trace time (float32, head dim not a multiple of 8, ...); ``xla`` elsewhere.
 
+Document resets (``resets`` bool ``[B, T]``, ``attention.doc_reset``): no query attends across a
+document start. ``xla`` takes the mask; ``cudnn`` takes the documents as cuDNN's packed
+sequences (segment offsets and lengths per row, JAX's lower-level
+``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention``: ``jax.nn`` has no segment
+ids), causal within each; ``pallas`` takes them as the kernel's segment ids.
+
 Dropout: ``SUPPORTS_DROPOUT = False``. nanoGPT's flash path drops attention weights inside the
 kernel (``F.scaled_dot_product_attention(dropout_p=...)``); ``jax.nn.dot_product_attention`` (xla
 and cudnn) and the Pallas kernel have no dropout, so with ``dropout > 0`` the model applies
@@ -47,6 +53,7 @@ import jax.numpy as jnp
 
 from linear_gpt2.attention import Decoder
 from linear_gpt2.attention import softmax as _softmax
+from linear_gpt2.errors import DeviceError
 
 OPTIONS: tuple[str, ...] = ("kernel",)
 SUPPORTS_DROPOUT = False
@@ -60,7 +67,7 @@ _PALLAS_BLOCK_BWD = 32
 _PALLAS_MIN_BLOCK = 16
 
 
-class KernelUnavailableError(RuntimeError):
+class KernelUnavailableError(DeviceError):
     """The requested attention kernel cannot run on this backend or for these inputs."""
 
 
@@ -75,13 +82,42 @@ def _scale(q: jax.Array) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
 
 
-def _xla(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def _xla(q: jax.Array, k: jax.Array, v: jax.Array, resets=None) -> jax.Array:
+    if resets is not None:
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=_softmax.document_mask(resets), scale=_scale(q), implementation="xla"
+        )
     return jax.nn.dot_product_attention(
         q, k, v, is_causal=True, scale=_scale(q), implementation="xla"
     )
 
 
-def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def packed_segments(resets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cuDNN's packed-sequence description of the documents of each row: ``offsets`` int32
+    ``[B, T + 1]`` (each document's first position, then -1) and ``lengths`` int32 ``[B, T]``
+    (each document's length, then -1). ``resets`` bool ``[B, T]``; position 0 always starts one.
+    At most T documents per row, so the static bound is T (the arrays are small)."""
+    B, T = resets.shape
+    starts = resets.at[:, 0].set(True)
+    offsets = jax.vmap(lambda r: jnp.nonzero(r, size=T + 1, fill_value=-1)[0])(starts)
+    n = starts.sum(axis=1, keepdims=True)  # documents per row
+    col = jnp.arange(T)[None]
+    nxt = jnp.where(col + 1 < n, offsets[:, 1 : T + 1], T)  # the next start, or T for the last
+    lengths = jnp.where(col < n, nxt - offsets[:, :T], -1)
+    return offsets.astype(jnp.int32), lengths.astype(jnp.int32)
+
+
+def _cudnn_packed(q, k, v, resets):
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    offsets, lengths = packed_segments(resets)
+    return cudnn.dot_product_attention(
+        q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets, kv_offsets=offsets,
+        scale=_scale(q), mask_type=cudnn.MaskType.CAUSAL,
+    )  # fmt: skip
+
+
+def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array, resets=None) -> jax.Array:
     if not _on_gpu():
         raise KernelUnavailableError(
             f"flash attention kernel='cudnn' needs a CUDA GPU (or a GPU compile target, "
@@ -93,25 +129,27 @@ def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
             f"flash attention kernel='cudnn' needs bfloat16 or float16 inputs, got {q.dtype}; "
             f"set model.dtype=bfloat16, or use kernel=auto (falls back to xla) or kernel=xla|pallas"
         )
+    if resets is not None:
+        return _cudnn_packed(q, k, v, resets)
     return jax.nn.dot_product_attention(
         q, k, v, is_causal=True, scale=_scale(q), implementation="cudnn"
     )
 
 
-def _auto(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def _auto(q: jax.Array, k: jax.Array, v: jax.Array, resets=None) -> jax.Array:
     if not _on_gpu():
-        return _xla(q, k, v)
+        return _xla(q, k, v, resets)
     try:
         # cuDNN's support checks (dtype, head dim, cuDNN present) run in Python when the call is
         # traced, so a rejection surfaces here, also under jit and grad.
-        return _cudnn(q, k, v)
+        return _cudnn(q, k, v, resets)
     except (KernelUnavailableError, NotImplementedError, ValueError, RuntimeError) as e:
         warnings.warn(
             f"flash attention: cuDNN cannot run q {q.shape} {q.dtype} ({e}); using kernel=xla "
             f"(O(T^2) memory)",
             stacklevel=2,
         )
-        return _xla(q, k, v)
+        return _xla(q, k, v, resets)
 
 
 def _next_power_of_2(n: int) -> int:
@@ -129,7 +167,7 @@ def pallas_block_sizes(T: int) -> tuple[int, int]:
     return fwd, min(_PALLAS_BLOCK_BWD, fwd)
 
 
-def _pallas(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def _pallas(q: jax.Array, k: jax.Array, v: jax.Array, resets=None) -> jax.Array:
     # Imported here: picking another kernel never imports Pallas, and the module's import-time
     # DeprecationWarning (pointing to tokamax) is noise for us.
     with warnings.catch_warnings():
@@ -139,11 +177,14 @@ def _pallas(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     T = q.shape[1]
     fwd, bwd = pallas_block_sizes(T)
     T_pad = -(-T // fwd) * fwd
+    segment_ids = None if resets is None else jnp.cumsum(resets.astype(jnp.int32), axis=1)
     if T_pad != T:
         # Zero keys/values after the last real token are masked for every real query by
         # causality; the padded query rows are sliced off below.
         pad = ((0, 0), (0, T_pad - T), (0, 0), (0, 0))
         q, k, v = (jnp.pad(t, pad) for t in (q, k, v))
+        if segment_ids is not None:
+            segment_ids = jnp.pad(segment_ids, ((0, 0), (0, T_pad - T)), mode="edge")
     blocks = pallas_attention.BlockSizes(
         block_q=fwd,
         block_k=fwd,
@@ -156,7 +197,7 @@ def _pallas(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         q,
         k,
         v,
-        None,  # segment_ids
+        segment_ids,
         sm_scale=_scale(q),  # mha's default is 1.0
         causal=True,
         block_sizes=blocks,
@@ -187,8 +228,9 @@ def make(kernel: str = "auto"):
     _check_kernel(kernel)
     impl = _IMPLS[kernel]
 
-    def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return impl(q, k, v).astype(q.dtype)
+    def flash_attention(q, k, v, *, resets=None) -> jax.Array:
+        """q, k, v ``[B, T, H, D]`` -> y; ``resets`` bool ``[B, T]``: documents start there."""
+        return impl(q, k, v, resets).astype(q.dtype)
 
     return flash_attention
 

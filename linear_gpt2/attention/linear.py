@@ -21,12 +21,28 @@ Mixed precision (the same rule in every variant):
 - the division is done in float32 and the output is cast back to the input dtype.
 
 The variants differ only in the order of the sums (see ``docs/attention.md``).
+
+Forgetting (``Forget``; the ``attention.doc_reset`` and ``attention.decay`` options). Every
+variant also takes, per call, what the state forgets between positions:
+
+- ``log_gate`` float32 ``[B, T, H]``, log gamma_i <= 0: the recurrence becomes
+  S_i = gamma_i S_{i-1} + phi(k_i) v_i^T and z_i = gamma_i z_{i-1} + phi(k_i), i.e. the pair
+  (i, j <= i) is weighted by prod_{j < l <= i} gamma_l = exp(A_i - A_j) with A the cumulative
+  sum of log gamma;
+- ``resets`` bool ``[B, T]``, True where a document starts: the state before it is dropped, i.e.
+  the pair (i, j) counts only if no document starts in (j, i] (same segment).
+
+Resets are masks, not gamma = 0: a log-space -inf would make exp(A_i - A_j) = exp(-inf + inf) a
+NaN for two positions after the same reset. Every exponent is A_i - A_j <= 0 (masked before
+``exp``), so nothing overflows; weights underflow to 0 where the decay is complete. The chunked
+form computes A within each chunk (and carries the chunk's total decay on the state), which
+keeps float32 exact at any length; the materialising forms use the sequence's cumulative sum.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -95,29 +111,77 @@ def normalise(num: jax.Array, den: jax.Array, eps: float, dtype: Any) -> jax.Arr
 
 def attention_fn(
     variant: str,
-    algorithm: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+    algorithm: Callable[..., tuple[jax.Array, jax.Array]],
     feature_map: str,
     kernel: str,
     eps: float,
-) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
-    """``fn(q, k, v) -> y`` (all ``[B, T, H, D]``) for a pure-JAX variant: phi on q and k, the
-    variant's ``algorithm(phi(q), phi(k), v) -> (num [B, T, H, D], den [B, T, H])``, then
+) -> Callable[..., jax.Array]:
+    """``fn(q, k, v, *, resets=None, log_gate=None) -> y`` (q, k, v, y ``[B, T, H, D]``) for a
+    pure-JAX variant: phi on q and k, the variant's ``algorithm(phi(q), phi(k), v, forget) ->
+    (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or None), then
     ``num / (den + eps)``. Options are checked here, when the function is made."""
     phi = check_feature_map(feature_map)
     check_kernel(kernel, variant)
 
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
         fq, fk = features(q, k, phi)
-        num, den = algorithm(fq, fk, v)
+        num, den = algorithm(fq, fk, v, as_forget(log_gate, resets))
         return normalise(num, den, eps, q.dtype)
 
-    fn.__doc__ = f"Causal linear attention ({variant}). q, k, v ``[B, T, H, D]`` -> same."
+    fn.__doc__ = (
+        f"Causal linear attention ({variant}). q, k, v ``[B, T, H, D]`` -> same; optional "
+        "``resets`` bool [B, T] and ``log_gate`` float32 [B, T, H] (see ``Forget``)."
+    )
     return fn
 
 
 def causal_mask(T: int) -> jax.Array:
     """``[T, T]`` bool, True where key j <= query i."""
     return jnp.tril(jnp.ones((T, T), dtype=bool))
+
+
+class Forget(NamedTuple):
+    """What the linear state forgets between positions (see the module docstring).
+
+    ``log_gate`` float32 ``[B, T, H]`` (log gamma_i <= 0) or None (gamma = 1); ``resets`` bool
+    ``[B, T]`` (True where a document starts) or None."""
+
+    log_gate: jax.Array | None = None
+    resets: jax.Array | None = None
+
+
+def as_forget(log_gate=None, resets=None) -> Forget | None:
+    """A :class:`Forget`, or None when there is nothing to forget (the plain code paths)."""
+    if log_gate is None and resets is None:
+        return None
+    return Forget(None if log_gate is None else log_gate.astype(F32), resets)
+
+
+def segment_ids(resets: jax.Array) -> jax.Array:
+    """int32 ``[B, T]``: the number of document starts at or before each position."""
+    return jnp.cumsum(resets.astype(jnp.int32), axis=1)
+
+
+def gammas(forget: Forget, shape: tuple[int, int, int]) -> jax.Array:
+    """float32 ``[B, T, H]``: the per-position factor of the recurrence, gamma_i, and 0 where a
+    document starts (the state before it is dropped)."""
+    g = jnp.ones(shape, F32) if forget.log_gate is None else jnp.exp(forget.log_gate)
+    if forget.resets is not None:
+        g = jnp.where(forget.resets[..., None], 0.0, g)
+    return g
+
+
+def pair_weights(forget: Forget, T: int, H: int) -> jax.Array:
+    """float32 ``[B, H, T, T]`` (B may be 1): weight of key j for query i, exp(A_i - A_j) for
+    j <= i in the same document, 0 elsewhere (the causal mask included)."""
+    mask = causal_mask(T)[None, None]
+    if forget.resets is not None:
+        seg = segment_ids(forget.resets)
+        mask = mask & (seg[:, None, :, None] == seg[:, None, None, :])
+    if forget.log_gate is None:
+        return jnp.broadcast_to(mask, (mask.shape[0], H, T, T)).astype(F32)
+    A = jnp.swapaxes(jnp.cumsum(forget.log_gate, axis=1), 1, 2)  # [B, H, T]
+    return jnp.exp(jnp.where(mask, A[..., :, None] - A[..., None, :], -jnp.inf))
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,13 +214,14 @@ def make_decoder(
       zeros in float32 whatever ``dtype`` (the activation dtype): S = sum_j phi(k_j) v_j^T and
       z = sum_j phi(k_j) are sums over the whole context, so they accumulate in float32.
       ``max_len`` is accepted for the protocol and unused: the state does not grow.
-    - ``step(state, q, k, v)``, q, k, v ``[B, H, D]``: the recurrence S += phi(k) v^T,
-      z += phi(k), y = phi(q) S / (phi(q) . z + eps); O(D^2) per token.
-    - ``prefill(state, q, k, v)``, q, k, v ``[B, T, H, D]``: the chunked form (``LT_chunked``)
-      started from ``state``, with chunks of ``chunk_size``; T need not be a multiple of it.
-      With ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto`` compiling for a GPU) and a
-      power-of-two chunk size >= 16, the fused kernels run it (from the state, returning the
-      final state); otherwise the XLA form.
+    - ``step(state, q, k, v, *, log_gate=None, reset=None)``, q, k, v ``[B, H, D]``, log_gate
+      ``[B, H]``, reset bool ``[B]``: the recurrence S = gamma S + phi(k) v^T, z = gamma z +
+      phi(k) (gamma = 0 where a document starts), y = phi(q) S / (phi(q) . z + eps); O(D^2).
+    - ``prefill(state, q, k, v, *, log_gate=None, resets=None)``, q, k, v ``[B, T, H, D]``: the
+      chunked form (``LT_chunked``) started from ``state``, with chunks of ``chunk_size``; T need
+      not be a multiple of it. With ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto``
+      compiling for a GPU), a power-of-two chunk size >= 16 and no resets or gates, the Pallas
+      kernels run it (from the state, returning the final state); otherwise the XLA form.
     """
     phi = check_feature_map(feature_map)
     if chunk_size == "auto":
@@ -170,20 +235,27 @@ def make_decoder(
         z = jnp.zeros((batch, n_head, head_dim), F32)
         return S, z
 
-    def step(state, q, k, v):
+    def step(state, q, k, v, *, log_gate=None, reset=None):
         from linear_gpt2.attention.lt_state import state_step
 
         fq, fk = features(q, k, phi)
-        (num, den), state = state_step(state, fq, fk, v)
+        gamma = None
+        forget = as_forget(
+            None if log_gate is None else log_gate[:, None],
+            None if reset is None else reset[:, None],
+        )
+        if forget is not None:
+            gamma = gammas(forget, (q.shape[0], 1, q.shape[1]))[:, 0]
+        (num, den), state = state_step(state, fq, fk, v, gamma)
         return normalise(num, den, eps, q.dtype), state
 
-    def prefill(state, q, k, v):
+    def prefill(state, q, k, v, *, log_gate=None, resets=None):
         from linear_gpt2.attention.lt_chunked import chunked_linear_attention
 
         T = q.shape[1]
         fq, fk = features(q, k, phi)
         fused = _prefill_kernel(kernel, chunk_size)
-        if fused is not None:
+        if fused is not None and log_gate is None and resets is None:
             from linear_gpt2.kernels import lt_chunked as lt_chunked_kernels
 
             y, state = lt_chunked_kernels.chunked_attention(
@@ -194,11 +266,18 @@ def make_decoder(
         c = min(chunk_size, T)
         # Pad to a multiple of c in feature space: a padded key has phi(k) = 0 and v = 0, so it
         # adds nothing to the state or to any real query's sums; padded queries are dropped.
+        # Padded positions neither decay (log gamma = 0) nor start a document, so the state
+        # after the last real position is the state returned.
         pad = (-T) % c
         if pad:
             widths = ((0, 0), (0, pad), (0, 0), (0, 0))
             fq, fk, v = (jnp.pad(x, widths) for x in (fq, fk, v))
-        (num, den), state = chunked_linear_attention(fq, fk, v, c, state=state)
+            if log_gate is not None:
+                log_gate = jnp.pad(log_gate, ((0, 0), (0, pad), (0, 0)))
+            if resets is not None:
+                resets = jnp.pad(resets, ((0, 0), (0, pad)))
+        forget = as_forget(log_gate, resets)
+        (num, den), state = chunked_linear_attention(fq, fk, v, c, state=state, forget=forget)
         return normalise(num[:, :T], den[:, :T], eps, q.dtype), state
 
     return Decoder(init=init, step=step, prefill=prefill)

@@ -23,16 +23,31 @@ OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
 F32 = jnp.float32
 
 
-def lt_attention(fq: jax.Array, fk: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+def lt_attention(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32), a loop over query
-    positions. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
-    T = fq.shape[1]
+    positions. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``linear.Forget``
+    (query i weights key j by exp(A_i - A_j) within its document)."""
+    B, T, H, _ = fq.shape
     positions = jnp.arange(T)
+    if forget is not None:
+        A = jnp.cumsum(
+            jnp.zeros((B, T, H), F32) if forget.log_gate is None else forget.log_gate, axis=1
+        )  # [B, T, H]
+        seg = (
+            jnp.zeros((B, T), jnp.int32)
+            if forget.resets is None
+            else linear.segment_ids(forget.resets)
+        )
 
     def one_query(_, x):
         i, fq_i = x  # fq_i: [B, H, D]
         a = jnp.einsum("bhd,bjhd->bhj", fq_i, fk, preferred_element_type=F32)
-        a = jnp.where(positions <= i, a, 0.0)  # causal: keys j <= i only
+        if forget is None:
+            a = jnp.where(positions <= i, a, 0.0)  # causal: keys j <= i only
+        else:
+            mask = (positions <= i)[None, None] & (seg == seg[:, i][:, None])[:, None]
+            diff = jnp.swapaxes(A[:, i][:, None] - A, 1, 2)  # [B, H, T]: A_i - A_j
+            a = a * jnp.exp(jnp.where(mask, diff, -jnp.inf))
         num_i = jnp.einsum("bhj,bjhd->bhd", a.astype(v.dtype), v, preferred_element_type=F32)
         den_i = a.sum(-1)
         return None, (num_i, den_i)

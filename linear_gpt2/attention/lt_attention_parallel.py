@@ -28,6 +28,12 @@ output cotangent:
 
 computed per key block m: dphi(Q) accumulates over m, dV_m and dphi(K)_m are sums over the
 query blocks. The gradient through phi itself is left to autodiff.
+
+Forgetting (``linear.Forget``): each score is multiplied by w_ij = exp(L_i - L_j) within a
+document, L the cumulative log gamma (computed outside, so autodiff carries its gradient to the
+gates), the mask built per block pair from the block's positions and segment ids. The backward
+pass then also returns dL: with s_ij = A_ij w_ij and dS_ij = dnum_i . v_j - dnum_i . y_i,
+dL_i = sum_j dS_ij s_ij (as a query) - sum_k dS_ki s_ki (as a key).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from linear_gpt2.attention import linear
@@ -102,6 +109,14 @@ def _reciprocal(den: jax.Array, eps: float) -> jax.Array:
     return jnp.where(safe, 1.0 / jnp.where(safe, den + eps, 1.0), 0.0)
 
 
+def _cotangent_blocks(fq, dy, y, den, c: int, eps: float):
+    """The backward's per-block operands: phi(Q) ``[B, N, c, H, D]``, dnum = dY / (den + eps)
+    ``[B, N, c, H, D]`` and delta = dnum . y ``[B, N, H, c]`` (as flash's rowsum(dO * O))."""
+    dnum = dy.astype(F32) * _reciprocal(den, eps)[..., None]
+    delta = jnp.einsum("bthd,bthd->bth", dnum, y)
+    return _blocks(fq, c), _blocks(dnum, c), jnp.swapaxes(_blocks(delta, c), 2, 3)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def blocked_linear_attention(fq, fk, v, c: int, eps: float):
     """Normalised causal linear attention from features, by blocks of c without the T x T matrix.
@@ -120,10 +135,7 @@ def _fwd(fq, fk, v, c, eps):
 def _bwd(c, eps, residuals, dy):
     fq, fk, v, y, den = residuals
     B, T, H, D = fq.shape
-    dnum = dy.astype(F32) * _reciprocal(den, eps)[..., None]  # [B, T, H, D]
-    delta = jnp.einsum("bthd,bthd->bth", dnum, y)  # dnum_i . y_i, as flash's rowsum(dO * O)
-    Q, dNum = _blocks(fq, c), _blocks(dnum, c)
-    Delta = jnp.swapaxes(_blocks(delta, c), 2, 3)  # [B, N, H, c]
+    Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
 
     N = T // c
 
@@ -152,6 +164,108 @@ def _bwd(c, eps, residuals, dy):
 
 
 blocked_linear_attention.defvjp(_fwd, _bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# With forgetting: decays exp(L_i - L_j) and document masks per block pair
+
+
+def _forget_blocks(L, seg, Q_pos, k_pos, m, c):
+    """For key block m against every query block: mask ``[B, N, 1, c, c]`` (causal, same
+    document) and weights ``[B, N, H, c, c]`` exp(L_i - L_j) (0 where masked).
+    L float32 [B, T, H]; seg int32 [B, T]."""
+    B, T, H = L.shape
+    N = T // c
+    Lq = jnp.swapaxes(_blocks(L, c), 2, 3)  # [B, N, H, c]
+    Lk = jnp.swapaxes(lax.dynamic_slice_in_dim(L, m * c, c, axis=1), 1, 2)  # [B, H, c]
+    sq = _blocks(seg, c)  # [B, N, c]
+    sk = lax.dynamic_slice_in_dim(seg, m * c, c, axis=1)  # [B, c]
+    mask = (Q_pos[:, :, None] >= k_pos[None, None, :])[None, :, None]  # [1, N, 1, c, c]
+    mask = mask & (sq[:, :, None, :, None] == sk[:, None, None, None, :])
+    diff = Lq[..., :, None] - Lk[:, None, :, None, :]  # [B, N, H, c, c]
+    del N
+    return mask, jnp.exp(jnp.where(mask, diff, -jnp.inf))
+
+
+def _forward_forget(fq, fk, v, L, seg, c: int, eps: float):
+    B, T, H, D = fq.shape
+    N = T // c
+    Q = _blocks(fq, c)
+    q_pos = jnp.arange(N * c).reshape(N, c)
+
+    def key_block(carry, x):
+        num, den = carry
+        k_m, v_m, m = x
+        _, W = _forget_blocks(L, seg, q_pos, m * c + jnp.arange(c), m, c)
+        S = jnp.einsum("bnihd,bjhd->bnhij", Q, k_m, preferred_element_type=F32) * W
+        num = num + jnp.einsum(
+            "bnhij,bjhd->bnihd", S.astype(v.dtype), v_m, preferred_element_type=F32
+        )
+        return (num, den + S.sum(-1)), None
+
+    init = (jnp.zeros((B, N, c, H, D), F32), jnp.zeros((B, N, H, c), F32))
+    xs = (_key_blocks(fk, c), _key_blocks(v, c), jnp.arange(N))
+    (num, den), _ = lax.scan(key_block, init, xs)
+    den = jnp.swapaxes(den, 2, 3).reshape(B, T, H)
+    y = num.reshape(B, T, H, D) * _reciprocal(den, eps)[..., None]
+    return y, den
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def blocked_forget_attention(fq, fk, v, L, seg, c: int, eps: float):
+    """:func:`blocked_linear_attention` with the pair weights exp(L_i - L_j) and document masks
+    (``seg`` int32 [B, T]); differentiable in fq, fk, v and L (float32 [B, T, H])."""
+    return _forward_forget(fq, fk, v, L, seg, c, eps)[0].astype(v.dtype)
+
+
+def _fwd_forget(fq, fk, v, L, seg, c, eps):
+    y, den = _forward_forget(fq, fk, v, L, seg, c, eps)
+    return y.astype(v.dtype), (fq, fk, v, L, seg, y, den)
+
+
+def _bwd_forget(c, eps, residuals, dy):
+    fq, fk, v, L, seg, y, den = residuals
+    B, T, H, D = fq.shape
+    N = T // c
+    Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
+    q_pos = jnp.arange(N * c).reshape(N, c)
+
+    def key_block(carry, x):
+        dQ, dLq = carry
+        k_m, v_m, m = x
+        mask, W = _forget_blocks(L, seg, q_pos, m * c + jnp.arange(c), m, c)
+        P = jnp.einsum("bnihd,bjhd->bnhij", Q, k_m, preferred_element_type=F32)
+        S = P * W
+        dS = jnp.einsum("bnihd,bjhd->bnhij", dNum, v_m, preferred_element_type=F32)
+        dS = jnp.where(mask, dS - Delta[..., None], 0.0)
+        dP = dS * W
+        dQ = dQ + jnp.einsum("bnhij,bjhd->bnihd", dP, k_m, preferred_element_type=F32)
+        dv_m = jnp.einsum("bnhij,bnihd->bjhd", S, dNum, preferred_element_type=F32)
+        dk_m = jnp.einsum("bnhij,bnihd->bjhd", dP, Q, preferred_element_type=F32)
+        dSS = dS * S
+        dLq = dLq + dSS.sum(-1)  # [B, N, H, c]: as queries
+        dLk_m = -jnp.einsum("bnhij->bjh", dSS)  # [B, c, H]: as keys
+        return (dQ, dLq), (dk_m, dv_m, dLk_m)
+
+    xs = (_key_blocks(fk, c), _key_blocks(v, c), jnp.arange(N))
+    init = (jnp.zeros(Q.shape, F32), jnp.zeros((B, N, H, c), F32))
+    (dQ, dLq), (dK, dV, dLk) = lax.scan(key_block, init, xs)
+
+    def unblock(x):  # [N, B, c, ...] -> [B, T, ...]
+        return jnp.swapaxes(x, 0, 1).reshape(B, T, *x.shape[3:])
+
+    dL = jnp.swapaxes(dLq, 2, 3).reshape(B, T, H) + unblock(dLk)
+    dseg = np.zeros(seg.shape, dtype=jax.dtypes.float0)
+    return (
+        dQ.reshape(B, T, H, D).astype(fq.dtype),
+        unblock(dK).astype(fk.dtype),
+        unblock(dV).astype(v.dtype),
+        dL,
+        dseg,
+    )
+
+
+blocked_forget_attention.defvjp(_fwd_forget, _bwd_forget)
 
 
 def _pallas(fq, fk, v, c: int, eps: float) -> jax.Array:
@@ -198,13 +312,17 @@ def make(
     if kernel in FUSED and chunk_size != "auto":
         kernels.check_block_size(chunk_size, f"LT_attention_parallel kernel={kernel}: chunk_size")
 
-    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
         """Causal linear attention, blocked. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``; any T
-        (padded to a multiple of the block size)."""
+        (padded to a multiple of the block size); optional ``resets`` / ``log_gate`` (see
+        ``linear.Forget``)."""
+        forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
         name = kernels.resolve_kernel(
             kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS), chunk_size, q.shape[-1]
         )
+        if forget is not None and name in FUSED:
+            name = kernels.forget_fallback(kernel, name, "LT_attention_parallel")
         impl = IMPLEMENTATIONS[name]
         T = q.shape[1]
         block = chunk_size
@@ -222,7 +340,23 @@ def make(
         if pad:
             widths = ((0, 0), (0, pad), (0, 0), (0, 0))
             fq, fk, v = (jnp.pad(x, widths) for x in (fq, fk, v))
-        y = impl(fq, fk, v.astype(q.dtype), c, float(eps))
+        if forget is None:
+            y = impl(fq, fk, v.astype(q.dtype), c, float(eps))
+            return y[:, :T]
+        B, _, H, _ = q.shape
+        gate = forget.log_gate if forget.log_gate is not None else jnp.zeros((B, T, H), F32)
+        L = jnp.cumsum(gate, axis=1)
+        seg = (
+            linear.segment_ids(forget.resets)
+            if forget.resets is not None
+            else jnp.zeros((B, T), jnp.int32)
+        )
+        # Padded keys come after every real query (masked by causality) and carry no features;
+        # padded queries repeat the last L, so every exponent L_i - L_j stays <= 0 (a zero pad
+        # would overflow exp and turn their discarded outputs, then the gradients, into NaN).
+        L = jnp.pad(L, ((0, 0), (0, pad), (0, 0)), mode="edge")
+        seg = jnp.pad(seg, ((0, 0), (0, pad)), mode="edge")
+        y = blocked_forget_attention(fq, fk, v.astype(q.dtype), L, seg, c, float(eps))
         return y[:, :T]
 
     return fn

@@ -3,6 +3,9 @@
     S_i = S_{i-1} + phi(k_i) v_i^T     z_i = z_{i-1} + phi(k_i)     (S_0 = 0, z_0 = 0)
     y_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)
 
+With forgetting (``linear.Forget``) the carry is first multiplied by gamma_i (0 where a document
+starts): the recurrence that defines the function.
+
 O(T D^2) FLOPs in T sequential steps (``lax.scan``); the forward keeps one state ``[D, D]`` per
 head. Reverse-mode autodiff of the scan stores the carry of every step, so forward+backward
 holds T states: O(T D^2) memory, like ``LT_state_parallel``.
@@ -21,13 +24,16 @@ OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
 F32 = jnp.float32
 
 
-def state_step(state, fq: jax.Array, fk: jax.Array, v: jax.Array):
+def state_step(state, fq: jax.Array, fk: jax.Array, v: jax.Array, gamma: jax.Array | None = None):
     """One token of the recurrence. state ``(S [B, H, D, D], z [B, H, D])`` float32; fq = phi(q),
-    fk = phi(k), v ``[B, H, D]``. Returns ``((num [B, H, D], den [B, H]), state)`` in float32.
+    fk = phi(k), v ``[B, H, D]``; ``gamma`` float32 ``[B, H]`` scales the carry (None: 1).
+    Returns ``((num [B, H, D], den [B, H]), state)`` in float32.
 
     The state is updated before it is read: position i attends to itself.
     """
     S, z = state
+    if gamma is not None:
+        S, z = gamma[..., None, None] * S, gamma[..., None] * z
     S = S + jnp.einsum("bhd,bhe->bhde", fk, v, preferred_element_type=F32)
     z = z + fk.astype(F32)
     num = jnp.einsum("bhd,bhde->bhe", fq, S, preferred_element_type=F32)
@@ -35,10 +41,10 @@ def state_step(state, fq: jax.Array, fk: jax.Array, v: jax.Array):
     return (num, den), (S, z)
 
 
-def lt_state(fq: jax.Array, fk: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+def lt_state(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) by the recurrence.
-    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
-    B, _, H, D = fq.shape
+    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``linear.Forget``."""
+    B, T, H, D = fq.shape
     state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
 
     def body(state, x):
@@ -47,6 +53,8 @@ def lt_state(fq: jax.Array, fk: jax.Array, v: jax.Array) -> tuple[jax.Array, jax
 
     # scan runs over the leading axis: time-major [T, B, H, D].
     xs = tuple(jnp.swapaxes(x, 0, 1) for x in (fq, fk, v))
+    if forget is not None:
+        xs = (*xs, jnp.swapaxes(linear.gammas(forget, (B, T, H)), 0, 1))
     _, (num, den) = lax.scan(body, state, xs)
     return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
 

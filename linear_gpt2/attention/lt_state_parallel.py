@@ -8,6 +8,11 @@ O(T D^2) FLOPs, parallel over T (depth O(log T) for the prefix sum). ``scan`` pi
 sum: ``cumsum`` (``jnp.cumsum``, which XLA lowers as it sees fit) or ``associative``
 (``lax.associative_scan`` with ``+``, the explicit up/down-sweep).
 
+With forgetting (``linear.Forget``) the states obey S_i = gamma_i S_{i-1} + P_i: a first-order
+linear recurrence, computed by ``lax.associative_scan`` over the pairs (gamma, P) with
+(g1, P1) . (g2, P2) = (g1 g2, g2 P1 + P2) (a reset is gamma = 0: a segmented scan); the
+``scan`` option then only affects the plain form (a cumulative sum cannot carry the decays).
+
 Memory: P and S are T D^2 float32 values per head each, materialised in the forward pass.
 Reverse-mode autodiff keeps S for the backward pass: it is a residual of ``y = phi(q) S`` (the
 gradient w.r.t. phi(q) is S dY; ``jax.ad_checkpoint.print_saved_residuals`` lists it); the backward
@@ -39,14 +44,35 @@ def prefix_sum(x: jax.Array, axis: int, scan: str) -> jax.Array:
     return lax.associative_scan(jnp.add, x, axis=axis)
 
 
+def _decayed_prefix(g: jax.Array, P: jax.Array, p: jax.Array):
+    """S_i = g_i S_{i-1} + P_i and z_i = g_i z_{i-1} + p_i from zero, along axis 1, in log
+    depth. g ``[B, T, H]``, P ``[B, T, H, D, D]``, p ``[B, T, H, D]``."""
+
+    def combine(a, b):
+        (ga, Pa, pa), (gb, Pb, pb) = a, b
+        return ga * gb, gb[..., None, None] * Pa + Pb, gb[..., None] * pa + pb
+
+    _, S, z = lax.associative_scan(combine, (g, P, p), axis=1)
+    return S, z
+
+
 def lt_state_parallel(
-    fq: jax.Array, fk: jax.Array, v: jax.Array, scan: str = "cumsum"
+    fq: jax.Array,
+    fk: jax.Array,
+    v: jax.Array,
+    scan: str = "cumsum",
+    forget: linear.Forget | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) with all T states
-    ``[B, T, H, D, D]`` materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``."""
+    ``[B, T, H, D, D]`` materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``;
+    ``forget`` see ``linear.Forget``."""
     P = jnp.einsum("bthd,bthe->bthde", fk, v, preferred_element_type=F32)
-    S = prefix_sum(P, axis=1, scan=scan)
-    z = prefix_sum(fk.astype(F32), axis=1, scan=scan)
+    if forget is None:
+        S = prefix_sum(P, axis=1, scan=scan)
+        z = prefix_sum(fk.astype(F32), axis=1, scan=scan)
+    else:
+        g = linear.gammas(forget, fq.shape[:3])
+        S, z = _decayed_prefix(g, P, fk.astype(F32))
     num = jnp.einsum("bthd,bthde->bthe", fq, S, preferred_element_type=F32)
     den = jnp.einsum("bthd,bthd->bth", fq, z, preferred_element_type=F32)
     return num, den
@@ -59,7 +85,7 @@ def make(
         raise ValueError(
             f"LT_state_parallel: unknown scan {scan!r}; valid scans: {', '.join(SCANS)}"
         )
-    algorithm = lambda fq, fk, v: lt_state_parallel(fq, fk, v, scan)
+    algorithm = lambda fq, fk, v, forget: lt_state_parallel(fq, fk, v, scan, forget)
     return linear.attention_fn("LT_state_parallel", algorithm, feature_map, kernel, eps)
 
 

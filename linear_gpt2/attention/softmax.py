@@ -31,7 +31,8 @@ def _masked_softmax_attention(
     dropout_rng: jax.Array | None = None,
 ) -> jax.Array:
     """Softmax attention under a boolean mask. q ``[B, Tq, H, D]``; k, v ``[B, Tk, H, D]``;
-    mask ``[Tq, Tk]`` (True = attend; every row needs at least one True) -> ``[B, Tq, H, D]``."""
+    mask ``[Tq, Tk]`` or ``[B, 1, Tq, Tk]`` (True = attend; every row needs at least one True)
+    -> ``[B, Tq, H, D]``."""
     D = q.shape[-1]
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     scores = scores / math.sqrt(D)
@@ -44,15 +45,26 @@ def _masked_softmax_attention(
     return y.astype(q.dtype)
 
 
+def document_mask(resets: jax.Array) -> jax.Array:
+    """bool ``[B, 1, T, T]``: causal and within one document (``resets`` bool ``[B, T]``, True
+    where a document starts)."""
+    T = resets.shape[1]
+    seg = jnp.cumsum(resets.astype(jnp.int32), axis=1)
+    same = seg[:, None, :, None] == seg[:, None, None, :]
+    return same & jnp.tril(jnp.ones((T, T), dtype=bool))
+
+
 def softmax_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
     *,
+    resets: jax.Array | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
 ) -> jax.Array:
-    """Causal softmax attention. q, k, v: ``[B, T, H, D]`` -> ``[B, T, H, D]``.
+    """Causal softmax attention. q, k, v: ``[B, T, H, D]`` -> ``[B, T, H, D]``; with ``resets``
+    (bool ``[B, T]``, True where a document starts) no query attends across a document start.
 
     Scores are scaled by 1/sqrt(D) and the softmax is taken in float32 whatever the input dtype,
     as torch autocast does. ``dropout_rate`` > 0 with a ``dropout_rng`` drops attention weights
@@ -60,9 +72,9 @@ def softmax_attention(
     expectation is unchanged; without a ``dropout_rng`` no dropout is applied.
     """
     T = q.shape[1]
-    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    mask = jnp.tril(jnp.ones((T, T), dtype=bool)) if resets is None else document_mask(resets)
     return _masked_softmax_attention(
-        q, k, v, causal, dropout_rate=dropout_rate, dropout_rng=dropout_rng
+        q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng
     )
 
 
@@ -73,15 +85,21 @@ def make():
 # --------------------------------------------------------------------------------------------
 # KV-cache decoder
 
-# state = (k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 []): the keys and
-# values of the first ``pos`` tokens, the rest of the cache unused.
-KVCache = tuple[jax.Array, jax.Array, jax.Array]
+# state = (k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 [], seg int32
+# [B, max_len]): the keys, values and document index of the first ``pos`` tokens, the rest of the
+# cache unused. Document indices only differ when resets are given (attention.doc_reset).
+KVCache = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
 
 
 def _kv_init(batch: int, n_head: int, head_dim: int, max_len: int, dtype=jnp.float32) -> KVCache:
     """An empty cache with room for ``max_len`` tokens."""
     shape = (batch, max_len, n_head, head_dim)
-    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32)
+    return (
+        jnp.zeros(shape, dtype),
+        jnp.zeros(shape, dtype),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((batch, max_len), jnp.int32),
+    )
 
 
 def _check_room(pos: jax.Array, T: int, max_len: int) -> None:
@@ -109,9 +127,10 @@ def _check_room(pos: jax.Array, T: int, max_len: int) -> None:
         )
 
 
-def _kv_prefill(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array):
+def _kv_prefill(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array, *, resets=None):
     """Append a block of T tokens after the ``pos`` cached ones and attend, causally within the
-    block. q, k, v ``[B, T, H, D]`` -> ``(y [B, T, H, D], state)``.
+    block. q, k, v ``[B, T, H, D]`` -> ``(y [B, T, H, D], state)``; ``resets`` bool ``[B, T]``:
+    documents start there (a query then sees only its own document's keys).
 
     The scores are taken against the whole ``max_len`` cache with the unused part masked, so one
     call costs O(T * max_len * D) whatever ``pos`` is (no recompilation as ``pos`` grows).
@@ -120,33 +139,41 @@ def _kv_prefill(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array):
     state too, instead of the silently wrong answer ``lax.dynamic_update_slice`` would give (it
     clamps the write position).
     """
-    k_cache, v_cache, pos = state
+    k_cache, v_cache, pos, seg_cache = state
     T, max_len = q.shape[1], k_cache.shape[1]
     _check_room(pos, T, max_len)
     start = (0, pos, 0, 0)
     k_cache = lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
     v_cache = lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-    # Query i of the block sits at absolute position pos + i and sees keys 0 .. pos + i.
+    # The document of each new token: the last cached token's, plus the starts up to it.
+    last = lax.dynamic_index_in_dim(seg_cache, jnp.maximum(pos - 1, 0), axis=1, keepdims=False)
+    seg = last[:, None] + (0 if resets is None else jnp.cumsum(resets.astype(jnp.int32), axis=1))
+    seg_cache = lax.dynamic_update_slice(seg_cache, seg.astype(jnp.int32), (0, pos))
+    # Query i of the block sits at absolute position pos + i and sees keys 0 .. pos + i of its
+    # own document.
     mask = jnp.arange(max_len)[None, :] <= pos + jnp.arange(T)[:, None]
+    mask = mask[None, None] & (seg_cache[:, None, None, :] == seg[:, None, :, None])
     y = _masked_softmax_attention(q, k_cache, v_cache, mask)
     new_pos = pos + T
     y = jnp.where(new_pos <= max_len, y, jnp.nan)
-    return y, (k_cache, v_cache, new_pos)
+    return y, (k_cache, v_cache, new_pos, seg_cache)
 
 
-def _kv_step(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array):
+def _kv_step(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array, *, reset=None):
     """One token: q, k, v ``[B, H, D]`` -> ``(y [B, H, D], state)``; a prefill of length 1."""
-    y, state = _kv_prefill(state, q[:, None], k[:, None], v[:, None])
+    resets = None if reset is None else reset[:, None]
+    y, state = _kv_prefill(state, q[:, None], k[:, None], v[:, None], resets=resets)
     return y[:, 0], state
 
 
 def make_decoder() -> Decoder:
     """The KV-cache :class:`~linear_gpt2.attention.Decoder` of causal softmax attention.
 
-    State ``(k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 [])`` in the
-    ``dtype`` given to ``init``; scores and softmax in float32 as in :func:`softmax_attention`.
-    Per-token cost is O(max_len * D) per head, growing with the context the cache is sized for.
-    Writing past ``max_len`` raises where it can and yields NaN where it cannot (inside ``jit``);
-    see :func:`_check_room`.
+    State ``(k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 [], seg int32
+    [B, max_len])`` in the ``dtype`` given to ``init``; scores and softmax in float32 as in
+    :func:`softmax_attention`. Per-token cost is O(max_len * D) per head, growing with the context
+    the cache is sized for. Writing past ``max_len`` raises where it can and yields NaN where it
+    cannot (inside ``jit``); see :func:`_check_room`. ``step`` / ``prefill`` take ``reset`` /
+    ``resets`` (documents start there, ``attention.doc_reset``).
     """
     return Decoder(init=_kv_init, step=_kv_step, prefill=_kv_prefill)

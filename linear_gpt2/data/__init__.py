@@ -48,7 +48,13 @@ from linear_gpt2.data.loader import (
     permute,
     to_global,
 )
-from linear_gpt2.data.packing import Packer, doc_tokens, document_boundaries, split_window
+from linear_gpt2.data.packing import (
+    Packer,
+    doc_tokens,
+    document_boundaries,
+    document_ids,
+    split_window,
+)
 from linear_gpt2.data.sample import ensure_sample
 from linear_gpt2.data.shards import TokenShards, prepare_split
 from linear_gpt2.data.sources import DataError, c4_files, check_hub
@@ -71,6 +77,7 @@ __all__ = [
     "permute",
     "prepare_split",
     "split_window",
+    "document_ids",
     "to_global",
 ]
 
@@ -107,12 +114,14 @@ def make_loader(
     process_count: int = 1,
     *,
     epochs: int | None = -1,
+    segments: bool = False,
 ) -> Loader:
     """This host's loader of ``split`` (``"train"`` or ``"validation"``/``"val"``).
 
     ``batch_size`` is per host. ``epochs``: ``None`` repeats forever, ``n`` stops after ``n``
     passes; the default (-1) is forever for train and one pass for validation. Pass
     ``jax.process_index()`` / ``jax.process_count()`` (explicit, so tests can simulate hosts).
+    ``segments``: batches also hold each token's document id (for ``attention.doc_reset``).
     """
     if not 0 <= process_index < process_count:
         raise ValueError(
@@ -158,4 +167,4 @@ def make_loader(
             shuffle_buffer=cfg.shuffle_buffer,
             **hosts,
         )
-    return Loader(src, meta, prefetch=cfg.prefetch)
+    return Loader(src, meta, prefetch=cfg.prefetch, segments=segments)

@@ -27,7 +27,7 @@ import numpy as np
 
 from linear_gpt2.data.packing import Packer, doc_tokens, split_window
 from linear_gpt2.data.shards import TokenShards
-from linear_gpt2.data.sources import iter_file, iter_hub, new_stats
+from linear_gpt2.data.sources import DataError, iter_file, iter_hub, new_stats
 from linear_gpt2.tokenizer import VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -106,9 +106,10 @@ class TokenizedSource(_Source):
         self.n_windows = self.shards.n_tokens // self.W
         self.batches_per_epoch = self.n_windows // (self.B * self.world)
         if self.batches_per_epoch == 0:
-            raise ValueError(
+            raise DataError(
                 f"{split_dir} holds {self.shards.n_tokens} tokens = {self.n_windows} windows of "
-                f"{self.W}, fewer than one batch of {self.B} windows for each of {self.world} hosts"
+                f"{self.W}, fewer than one batch of {self.B} windows for each of {self.world} "
+                "hosts; use more data, a shorter data.context or fewer tokens per update"
             )
 
     def initial_state(self) -> dict[str, Any]:
@@ -333,15 +334,21 @@ class Prefetcher:
 
 
 class Loader:
-    """Iterator of batches ``{"inputs": int32 [B, T], "targets": int32 [B, T]}`` (numpy).
+    """Iterator of batches ``{"inputs": int32 [B, T], "targets": int32 [B, T]}`` (numpy), and
+    ``"segments"`` (int32 [B, T], document ids) when made with ``segments=True``.
 
     ``B`` is this host's batch size, ``T`` the context. ``state_dict()`` is a JSON-able dict; a new
     loader given it by ``load_state_dict`` continues with exactly the next batch, provided the
     number of hosts (``process_count``), batch size, context, seed and data are the same.
     """
 
-    def __init__(self, source: _Source, meta: dict[str, Any], prefetch: int = 2):
+    def __init__(
+        self, source: _Source, meta: dict[str, Any], prefetch: int = 2, segments: bool = False
+    ):
         self.source, self.meta, self.prefetch = source, meta, prefetch
+        # Also yield "segments" (int32 [B, T] document ids, packing.document_ids): derived from
+        # the same windows, so accumulation, sharding and resume carry them like the tokens.
+        self.segments = segments
         self._state = source.initial_state()
         self._it: Prefetcher | Iterator[Any] | None = None
 
@@ -360,7 +367,7 @@ class Loader:
             self._it = Prefetcher(make, self.prefetch) if self.prefetch > 0 else make()
         windows, state = next(self._it)
         self._state = state
-        return split_window(windows)
+        return split_window(windows, self.segments)
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "kind": self.source.kind, **self.meta, **self._state}

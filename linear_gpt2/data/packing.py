@@ -24,10 +24,24 @@ def doc_tokens(text: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.uint16)
 
 
-def split_window(windows: np.ndarray) -> dict[str, np.ndarray]:
-    """``{"inputs", "targets"}`` int32 [B, T] from windows [B, T + 1]."""
+def split_window(windows: np.ndarray, segments: bool = False) -> dict[str, np.ndarray]:
+    """``{"inputs", "targets"}`` int32 [B, T] from windows [B, T + 1]; with ``segments`` also
+    ``"segments"``, the :func:`document_ids` of the inputs."""
     w = windows.astype(np.int32, copy=False)
-    return {"inputs": w[:, :-1], "targets": w[:, 1:]}
+    batch = {"inputs": w[:, :-1], "targets": w[:, 1:]}
+    if segments:
+        batch["segments"] = document_ids(batch["inputs"])
+    return batch
+
+
+def document_ids(inputs: np.ndarray) -> np.ndarray:
+    """int32 [B, T]: each input token's document within its row: 0 for the document the row
+    starts in, one more after each EOT (the token after an EOT starts a document; the EOT ends
+    the one before). What ``attention.doc_reset`` restarts attention at."""
+    inputs = np.asarray(inputs)
+    ids = np.zeros(inputs.shape, dtype=np.int32)
+    np.cumsum(inputs[:, :-1] == EOT, axis=1, dtype=np.int32, out=ids[:, 1:])
+    return ids
 
 
 def document_boundaries(inputs: np.ndarray) -> list[np.ndarray]:

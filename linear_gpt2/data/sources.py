@@ -8,11 +8,12 @@ hosts by :func:`datasets.distributed.split_dataset_by_node`.
 Bad input, decided per case (never silently wrong data):
 
 ======================================  =======================================================
-missing ``data.path`` / no split files  error (:class:`FileNotFoundError`, says what to set)
+missing ``data.path`` / no split files  error (:class:`DataNotFoundError`, says what to set)
 empty source file (no documents)        skip, counted in ``stats["empty_files"]``, warning
-truncated / corrupt gzip                error (:class:`DataError`, names the file)
-a line that is not JSON                 error (:class:`DataError`, names the file)
-non-UTF-8 bytes                         error (:class:`DataError`, names the file)
+truncated / corrupt gzip                error (:class:`DataError`, names the file and the last
+                                        good line)
+a line that is not JSON                 error (:class:`DataError`, names the file and line)
+non-UTF-8 bytes                         error (:class:`DataError`, names the file and line)
 record without ``text`` (or empty)      skip, counted in ``stats["no_text"]``, warning
 ``text`` that is not a string           error (:class:`DataError`, file and row)
 hub unreachable / offline               error at once (no retries), says how to set data.path
@@ -21,13 +22,16 @@ hub unreachable / offline               error at once (no retries), says how to 
 Truncation, bad JSON and bad bytes are errors rather than skips because the JSON reader fails
 on a whole block, so the documents around the bad line would be lost too, and a file damaged
 that way should be re-downloaded rather than trained on. A record without text carries no data,
-so skipping it loses nothing.
+so skipping it loses nothing. Every error is one line (the command-line tools print it as
+``error: ...`` and exit 1); the line number comes from re-reading the file up to the fault with
+Python's own gzip and JSON readers, which happens only once a read has failed.
 """
 
 from __future__ import annotations
 
 import glob
 import gzip
+import json
 import logging
 import os
 import socket
@@ -37,13 +41,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from linear_gpt2.errors import DataError, DataNotFoundError
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
-
-
-class DataError(RuntimeError):
-    """Input data that cannot be used as is; the message names the file and what to do."""
+__all__ = ["DataError", "DataNotFoundError", "c4_files", "check_hub", "iter_file", "iter_hub"]
 
 
 def new_stats() -> dict[str, int]:
@@ -71,17 +74,17 @@ def c4_files(path: str | os.PathLike, split: str) -> list[Path]:
     elif glob.has_magic(text):
         folder = Path(text).parent
         if not folder.is_dir():
-            raise FileNotFoundError(_missing(text))
+            raise DataNotFoundError(_missing(text))
         matches = [Path(m) for m in sorted(glob.glob(text))]
         files = [m for m in matches if m.name.startswith(f"c4-{split}.")]
         if not files:
             # A glob written for the train files also finds the validation files beside them.
             files = sorted(folder.glob(pattern))
     else:
-        raise FileNotFoundError(_missing(text))
+        raise DataNotFoundError(_missing(text))
     files = [f for f in files if not f.name.endswith(".tmp")]
     if not files:
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"no C4 {split!r} files ({pattern}) found for data.path={text!r} (looked in {folder}); "
             f"download them from allenai/c4 (en/c4-{split}.*.json.gz) into that directory"
         )
@@ -99,6 +102,50 @@ def _open_bytes(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
+# What a damaged file raises while it is read: gzip (EOFError, BadGzipFile, zlib.error),
+# bytes (UnicodeDecodeError), pyarrow's JSON reader (ArrowInvalid, a ValueError), I/O (OSError).
+_READ_ERRORS = (EOFError, zlib.error, OSError, UnicodeDecodeError, ValueError, TypeError)
+
+
+def diagnose(path: Path, error: BaseException | None = None) -> DataError:
+    """A one-line :class:`DataError` saying what is wrong with ``path`` and where: re-reads the
+    file with Python's gzip and json modules up to the first bad line (only called after a read
+    failed, so the cost is paid once)."""
+    line_no = 0
+    try:
+        with _open_bytes(path) as f:
+            for line_no, raw in enumerate(f, start=1):  # noqa: B007 - line_no is used after
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return DataError(
+                        f"{path} line {line_no}: bytes that are not UTF-8 (byte {e.start} of the "
+                        f"line, {raw[e.start : e.start + 4]!r}); the file is corrupt, re-download "
+                        "it or remove that line"
+                    )
+                if not text.strip():
+                    continue
+                try:
+                    json.loads(text)
+                except json.JSONDecodeError as e:
+                    return DataError(
+                        f"{path} line {line_no}: not valid JSON ({e.msg} at column {e.colno}); "
+                        "each line of a C4 file is one JSON record: re-download the file or fix "
+                        "that line"
+                    )
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        return DataError(
+            f"{path}: truncated or corrupt gzip file after line {line_no} "
+            f"({str(e).splitlines()[0]}); re-download it"
+        )
+    except OSError as e:
+        return DataError(f"{path}: cannot be read ({e.strerror or e}); check the file")
+    detail = f" ({type(error).__name__}: {str(error).splitlines()[0]})" if error else ""
+    return DataError(
+        f"{path}: not readable as C4 JSON lines{detail}; re-download it or check its format"
+    )
+
+
 def _is_empty(path: Path) -> bool:
     """True when the file holds no bytes but whitespace (after decompression)."""
     try:
@@ -107,8 +154,8 @@ def _is_empty(path: Path) -> bool:
                 if chunk.strip():
                     return False
         return True
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise DataError(f"{path}: truncated or corrupt gzip file ({e}); re-download it") from e
+    except (EOFError, zlib.error, OSError) as e:
+        raise diagnose(path, e) from e
 
 
 def _is_empty_fast(path: Path) -> bool:
@@ -129,15 +176,17 @@ def iter_file(
     from datasets import load_dataset
 
     stats = new_stats() if stats is None else stats
+    if not path.is_file():
+        raise DataNotFoundError(f"{path} does not exist (was it moved or deleted during the run?)")
     if _is_empty_fast(path):
         log.warning("%s holds no documents; skipping it", path)
         stats["empty_files"] += 1
         return
-    ds = load_dataset("json", data_files=[str(path)], split="train", streaming=True)
-    if start_row:
-        ds = ds.skip(start_row)
     row = start_row
     try:
+        ds = load_dataset("json", data_files=[str(path)], split="train", streaming=True)
+        if start_row:
+            ds = ds.skip(start_row)
         for record in ds:
             text = record.get("text")
             if text is None or text == "":
@@ -152,19 +201,16 @@ def iter_file(
                 stats["docs"] += 1
                 yield row, text
             row += 1
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise DataError(f"{path}: truncated or corrupt gzip file ({e}); re-download it") from e
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: bytes that are not UTF-8 ({e}); the file is corrupt") from e
+    except DataError:
+        raise
     except StopIteration as e:  # the json builder's schema inference on a file with no records
         log.warning("%s holds no documents; skipping it", path)
         stats["empty_files"] += 1
         del e
-    except (ValueError, TypeError) as e:
-        if isinstance(e, DataError):
-            raise
-        # pyarrow.lib.ArrowInvalid is a ValueError: "JSON parse error ... in row N".
-        raise DataError(f"{path}: not valid JSON lines ({str(e).splitlines()[0]})") from e
+    except _READ_ERRORS as e:
+        # Truncated gzip, bad bytes, a line that is not JSON (pyarrow's ArrowInvalid is a
+        # ValueError "JSON parse error ... in row N" of a block): find the line and say it.
+        raise diagnose(path, e) from e
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,13 +36,15 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from linear_gpt2.errors import DeviceError
+
 F32 = jnp.float32
 
 # Triton's tl.dot needs every operand dimension >= 16, and block shapes must be powers of two.
 MIN_BLOCK = 16
 
 
-class KernelUnavailableError(RuntimeError):
+class KernelUnavailableError(DeviceError):
     """The requested kernel cannot run on this backend or installation."""
 
 
@@ -186,6 +188,24 @@ def new_choices() -> list[str]:
     out = _CHOICES[_PRINTED:]
     _PRINTED = len(_CHOICES)
     return out
+
+
+def forget_fallback(kernel: str, name: str, variant: str) -> str:
+    """The implementation when resets / decay gates are on and the fused kernel ``name`` does
+    not take them: ``kernel=auto`` falls back to xla (with a warning), an explicit fused kernel
+    is an error naming the alternatives."""
+    import warnings
+
+    if kernel != "auto":
+        raise NotImplementedError(
+            f"{variant}: kernel={name!r} does not support attention.doc_reset / attention.decay "
+            f"yet; use kernel=xla or kernel=auto"
+        )
+    warnings.warn(
+        f"{variant}: the {name} kernel does not take resets / decay gates; using kernel=xla",
+        stacklevel=3,
+    )
+    return "xla"
 
 
 def check_chunk_option(chunk_size, variant: str) -> None:
