@@ -1,7 +1,9 @@
 """Kernel-level speed of every attention (and every kernel it has): forward and forward+backward.
 
 For each registered attention name and each kernel it can run here (``xla``, ``pallas``,
-``triton``, ``cudnn``; names without a ``kernel`` option run once as ``default``), at B=1, H=12,
+``pallas_chunk``, ``pallas_fused_chunk``, ``triton``, ``cudnn``; names without a ``kernel``
+option run once as ``default``; for ``LT_chunked`` with ``pallas`` the design it chose at each
+shape is recorded as ``design``, and shown in the table), at B=1, H=12,
 D=64 in bfloat16 and T = 1024, 2048, ... up to ``--T-max`` or the memory limit (an
 out-of-memory / RESOURCE_EXHAUSTED error is recorded as that configuration's limit and the run
 goes on), measure:
@@ -45,7 +47,10 @@ from linear_gpt2.bench import environment  # noqa: E402
 from linear_gpt2.config import ModelConfig  # noqa: E402
 from linear_gpt2.memory import is_oom  # noqa: E402
 
-ALL_KERNELS = ("xla", "pallas", "triton", "cudnn")
+# LT_chunked's "pallas" chooses between its two designs by shape (recorded per row as
+# ``design``); the explicit names time each design, which is what checks the choice.
+ALL_KERNELS = ("xla", "pallas", "pallas_chunk", "pallas_fused_chunk", "triton", "cudnn")
+PALLAS_NAMES = ("pallas", "pallas_chunk", "pallas_fused_chunk")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
 
@@ -59,7 +64,9 @@ def configurations(names, chunk_size: int, include_interpret: bool):
         for kernel in ALL_KERNELS:
             if kernel == "cudnn" and not kernels.on_gpu():
                 continue  # flash checks the backend only when called
-            if kernel in ("pallas", "triton") and not kernels.on_gpu() and not include_interpret:
+            if (kernel in PALLAS_NAMES or kernel == "triton") and not (
+                kernels.on_gpu() or include_interpret
+            ):
                 continue  # interpret mode: correct but no speed to measure
             try:
                 fn = attention.get(name, kernel=kernel, chunk_size=chunk_size)
@@ -78,6 +85,16 @@ def time_fn(f, args, warmup: int, repeats: int) -> float:
         jax.block_until_ready(f(*args))
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def design(name: str, kernel: str, B: int, T: int, H: int, D: int, c: int, dtype) -> str:
+    """The LT_chunked Pallas design that runs (``pallas`` chooses by shape; logged too), or ''."""
+    if name != "LT_chunked" or kernel not in PALLAS_NAMES:
+        return ""
+    from linear_gpt2.kernels import lt_chunked as chunked_kernels
+
+    Tp = -(-T // c) * c
+    return chunked_kernels.choose(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype)
 
 
 def fwd_flops(name: str, B: int, T: int, H: int, D: int, c: int) -> float:
@@ -120,7 +137,7 @@ def fla_rows(B, H, D, Ts, dtype_name, warmup, repeats):
                 torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t0)
             rows.append(dict(name="fla.chunk_linear_attn", kernel="fla", T=T, mode=mode,
-                             seconds=statistics.median(ts), status="ok"))  # fmt: skip
+                             seconds=statistics.median(ts), status="ok", design=""))  # fmt: skip
     return rows, None
 
 
@@ -140,7 +157,8 @@ def run(args) -> dict:
         limit = None
         for T in Ts:
             for mode in ("fwd", "fwd+bwd"):
-                row = dict(name=name, kernel=kernel, T=T, mode=mode, seconds=None, tflops=None)
+                row = dict(name=name, kernel=kernel, T=T, mode=mode, seconds=None, tflops=None,
+                           design=design(name, kernel, B, T, H, D, c, dtype))  # fmt: skip
                 if limit is not None:
                     row["status"] = f"skipped ({limit})"
                     rows.append(row)
@@ -201,6 +219,9 @@ def table(result: dict) -> str:
 
     for (name, kernel, T), modes in by.items():
         f, fb = modes.get("fwd"), modes.get("fwd+bwd")
+        chosen = (f or fb or {}).get("design") or ""
+        if chosen and chosen != kernel:
+            kernel = f"{kernel} ({chosen})"
         lines.append(
             f"| {name} | {kernel} | {T} | {cell(f, 'seconds', 1e3, '{:.3f}')} | "
             f"{cell(f, 'tflops', 1, '{:.3f}')} | {cell(fb, 'seconds', 1e3, '{:.3f}')} | "
@@ -216,7 +237,7 @@ def write(result: dict, out: Path) -> tuple[Path, Path, Path]:
     json_path, csv_path, md_path = (stem.with_suffix(s) for s in (".json", ".csv", ".md"))
     json_path.write_text(json.dumps(result, indent=1))
     with open(csv_path, "w", newline="") as f:
-        fields = ["name", "kernel", "T", "mode", "seconds", "tflops", "status"]
+        fields = ["name", "kernel", "T", "mode", "seconds", "tflops", "status", "design"]
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(result["rows"])

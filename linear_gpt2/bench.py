@@ -230,6 +230,9 @@ class StepResult:
     # LT_chunked: what ``chunk_size: auto`` picks (attention.autotune, timing the attention alone),
     # beside the step-level winner above, so the kernel-level search can be checked against it.
     autotune_chunk_size: int | None = None
+    # LT_chunked: the implementation the step ran: xla, or the Pallas design kernel=pallas chose
+    # for this shape (pallas_chunk / pallas_fused_chunk; kernels/lt_chunked/cost.py).
+    kernel_design: str | None = None
     memory_bytes: int | None = None
     oom_reason: str | None = None
     error: str | None = None
@@ -313,7 +316,26 @@ def bench_setting(
         result.autotune_chunk_size = best_chunk_size(
             "LT_chunked", shape, jnp.dtype(dtype), base.kernel, candidates=chunks
         )
+        result.kernel_design = lt_chunked_design(base.kernel, shape, c or context, dtype)
     return result
+
+
+def lt_chunked_design(kernel: str, shape, c: int, dtype: str) -> str:
+    """What ``LT_chunked`` with ``kernel`` runs at ``shape`` = (B, T, H, D) on this process's
+    backend: ``xla``, or the Pallas design (``kernel=pallas`` chooses by shape)."""
+    from linear_gpt2 import kernels
+
+    if kernel == "auto":
+        kernel = "pallas" if kernels.on_gpu() else "xla"
+    if kernel not in ("pallas", "pallas_chunk", "pallas_fused_chunk"):
+        return kernel
+    if kernels.block_size_problem(c) or kernels.head_dim_problem(shape[3]):
+        return kernel  # the kernel would refuse this shape (recorded as an error)
+    from linear_gpt2.kernels import lt_chunked as chunked_kernels
+
+    B, T, H, D = shape
+    Tp = -(-T // c) * c
+    return chunked_kernels.choose(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype)
 
 
 def run_benchmark(
@@ -433,6 +455,7 @@ CSV_FIELDS = [
     "min_ms",
     "chunk_size",
     "autotune_chunk_size",
+    "kernel_design",
     "memory_bytes",
     "times_ms",
     "chunk_ms",

@@ -46,7 +46,9 @@ def _check_choice(value: str, key: str, valid: tuple[str, ...] | list[str]) -> N
 
 
 FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
-KERNELS = ("auto", "xla", "pallas", "triton", "cudnn")
+# pallas_chunk / pallas_fused_chunk: LT_chunked's two Pallas designs, forced (pallas chooses by
+# shape); each variant accepts its own subset and names it when given another.
+KERNELS = ("auto", "xla", "pallas", "pallas_chunk", "pallas_fused_chunk", "triton", "cudnn")
 SCANS = ("cumsum", "associative")
 # What the linear state forgets (attention.decay): none; fixed (RetNet's per-head gamma_h); gate
 # (gamma_i = sigmoid(w_h . x_i + b_h), a learned projection per head).
@@ -145,7 +147,9 @@ class AttentionOptions:
     # Chunk size c of LT_chunked (and block size of the blocked LT_attention_parallel): an int,
     # or "auto" (measured per shape and device at trace time, cached; attention/autotune.py).
     chunk_size: int | str = 64
-    # Implementation: xla (pure JAX), pallas, triton, cudnn (flash on GPU), or auto.
+    # Implementation: xla (pure JAX), pallas (LT_chunked: chosen by shape between pallas_chunk,
+    # the chunk-parallel kernels, and pallas_fused_chunk, the single pass), triton, cudnn (flash
+    # on GPU), or auto (the fused kernel when compiling for a GPU, xla elsewhere).
     kernel: str = "auto"
     # LT_state_parallel's prefix sum: jnp.cumsum or lax.associative_scan.
     scan: str = "cumsum"

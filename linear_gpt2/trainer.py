@@ -21,7 +21,7 @@ import numpy as np
 
 from linear_gpt2 import checkpoint as ckpt_lib
 from linear_gpt2 import data as data_lib
-from linear_gpt2 import memory_plan
+from linear_gpt2 import kernels, memory_plan
 from linear_gpt2.config import Config, ConfigError, save_config
 from linear_gpt2.errors import CheckpointError, OutOfMemoryError, RunError, UsageError
 from linear_gpt2.flops import device_peak_flops, flops_per_token
@@ -249,6 +249,8 @@ def train(cfg: Config) -> RunResult:
                 try:
                     state, metrics = train_step(state, arrays[0], arrays[1], rng, *arrays[2:])
                     metrics = jax.device_get(metrics)  # waits for the device: the time is real
+                    for choice in kernels.new_choices():  # made by shape when first traced
+                        log.print(f"kernel: {choice}")
                 except Exception as e:
                     if is_oom(e):
                         raise OutOfMemoryError(_oom_message(cfg, plan, n_params)) from e

@@ -74,6 +74,14 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f}"
 
 
+def print_choices() -> None:
+    """The kernel choices made by shape while compiling (LT_chunked ``kernel=pallas``)."""
+    from linear_gpt2 import kernels
+
+    for choice in kernels.new_choices():
+        print(f"kernel: {choice}")
+
+
 def print_kernels(report) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -126,6 +134,7 @@ def run_attention(args) -> int:
     )
     print(f"{report.what} for {report.target.name}: compiled in {report.seconds:.1f} s")
     print(f"memory per device: {report.memory.describe()}")
+    print_choices()
     print_kernels(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.as_dict(), indent=1) + "\n")
@@ -168,6 +177,7 @@ def run_step(args) -> int:
     )
     print(f"memory plan: {report.plan.describe()}")
     print(f"memory per device: {report.compile.memory.describe()}")
+    print_choices()
     if args.kernels:
         print_kernels(report.compile)
     out = {"step": report.as_dict()}

@@ -34,6 +34,7 @@ def test_every_attention_runs_and_the_memory_cap_records_the_limit(tmp_path):
     chunked = next(r for r in rows if r["attention"] == "LT_chunked")
     assert chunked["chunk_size"] == 16 and set(chunked["chunk_ms"]) == {16}
     assert chunked["autotune_chunk_size"] == 16  # the only candidate dividing the context
+    assert chunked["kernel_design"] == "xla"  # kernel=auto off a GPU
     env = data["meta"]["environment"]
     assert env["device_kind"] and env["jax_version"] and env["git_commit"]
     with (tmp_path / "all.csv").open() as f:

@@ -1,17 +1,29 @@
-"""Fused kernels (``linear_gpt2.kernels``) against their pure-JAX oracles.
+"""Fused kernels (``linear_gpt2.kernels``) against their pure-JAX oracles and a float64 reference.
 
 On CPU the Pallas kernels run in interpret mode: the same kernel bodies, block specs and loops,
 executed as JAX ops, so these tests check the algorithms (forward and the hand-written
-backward), not the Triton lowering. Tests marked ``gpu`` compile the real kernels (and the
-jax-triton one) on the lent GPU machine; conftest skips them on CPU.
+backward), not the Triton lowering (tests/test_target.py compiles that for the H100). Tests
+marked ``gpu`` run the real kernels (and the jax-triton one) on the lent GPU machine; conftest
+skips them on CPU.
 
-Tolerances: float32 <= 1e-4 relative (measured ~1e-7 for outputs, ~5e-7 for gradients, with
+``LT_chunked`` has two designs (``pallas_chunk``: chunk-parallel; ``pallas_fused_chunk``: single
+pass); both are checked everywhere, including the sequence split into segments, the gradient
+kernels split apart, T padded to a multiple of c, D padded, D = 128, c = 16 ... 256, and an
+initial state (with the final state returned, all differentiated).
+
+Tolerances: float32 <= 1e-4 relative (measured ~1e-7 for outputs, <= 5e-7 for gradients, with
 ``default_matmul_precision("highest")``); bfloat16 inputs against the float32 oracle on the
-same rounded inputs: 1e-2 for outputs, 2e-2 for gradients (measured <= 2.4e-3 and <= 5.3e-3,
-the same as the XLA oracle run in bfloat16; docs/attention.md).
+same rounded inputs: 1e-2 for outputs, 2e-2 for gradients (docs/attention.md: the kernels also
+round the backward's score cotangents to bfloat16 for their dots).
 """
 
 from __future__ import annotations
+
+import csv
+import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +32,9 @@ import pytest
 
 from linear_gpt2 import attention, kernels
 from linear_gpt2.attention import linear, lt_attention_parallel, lt_chunked
-from linear_gpt2.kernels import pallas_chunked, pallas_parallel, triton_chunked
+from linear_gpt2.kernels import lt_attention_parallel as parallel_kernels
+from linear_gpt2.kernels import lt_chunked as chunked_kernels
+from linear_gpt2.kernels.lt_chunked import cost, naive, plan, triton_fused
 from tests.helpers import rel_err
 from tests.test_attention_linear import reference, reference_vjp
 
@@ -28,6 +42,7 @@ EPS = 1e-6
 F32_TOL = 1e-4
 BF16_TOL = 1e-2
 BF16_GRAD_TOL = 2e-2
+DESIGNS = ("pallas_chunk", "pallas_fused_chunk")
 
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
@@ -38,16 +53,23 @@ def inputs(shape, seed=0):
     return [jnp.asarray(rng.standard_normal(shape).astype(np.float32)) for _ in range(4)]
 
 
-def chunked_oracle(fq, fk, v, c, eps):
-    (num, den), _ = lt_chunked.chunked_linear_attention(fq, fk, v, c)
-    return linear.normalise(num, den, eps, v.dtype)
+def _chunked(kernel):
+    def fn(fq, fk, v, c, eps):
+        return chunked_kernels.chunked_attention(fq, fk, v, c, eps, kernel=kernel)
+
+    return fn
 
 
 # kernel under test -> its oracle, both with the interface (fq, fk, v, c, eps) -> y.
 KERNELS = {
-    "chunked": (pallas_chunked.chunked_attention, chunked_oracle),
-    "parallel": (pallas_parallel.blocked_attention, lt_attention_parallel.blocked_linear_attention),
+    "chunk": (_chunked("pallas_chunk"), naive.chunked_attention),
+    "fused_chunk": (_chunked("pallas_fused_chunk"), naive.chunked_attention),
+    "parallel": (
+        parallel_kernels.blocked_attention,
+        lt_attention_parallel.blocked_linear_attention,
+    ),
 }
+CHUNKED = ("chunk", "fused_chunk")
 
 
 def value_and_grads(fn, fq, fk, v, dy):
@@ -83,11 +105,25 @@ F32_CASES = [
     ((1, 64, 2, 40), 16, "elu1"),
     ((1, 32, 1, 16), 32, "exp"),
 ]
+# LT_chunked only: T padded to a multiple of c (37 -> 48), c = 256 (four 64-row tiles per chunk,
+# dynamic tile loops), D = 128 (32-row tiles, column blocks, dq and (dk, dv) in two kernels).
+CHUNKED_CASES = [
+    ((2, 37, 2, 16), 16, "softplus"),
+    ((1, 512, 1, 64), 256, "elu1"),
+    ((1, 128, 2, 128), 64, "softplus"),
+]
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("shape, c, feature_map", F32_CASES, ids=lambda x: str(x))
 def test_float32_matches_oracle(kernel, shape, c, feature_map):
+    errs = compare(kernel, shape, c, feature_map)
+    assert max(errs) <= F32_TOL, f"{kernel} {shape} c={c}: errors (y, dq, dk, dv) {errs}"
+
+
+@pytest.mark.parametrize("kernel", CHUNKED)
+@pytest.mark.parametrize("shape, c, feature_map", CHUNKED_CASES, ids=lambda x: str(x))
+def test_chunked_float32_padding_long_chunks_and_d128(kernel, shape, c, feature_map):
     errs = compare(kernel, shape, c, feature_map)
     assert max(errs) <= F32_TOL, f"{kernel} {shape} c={c}: errors (y, dq, dk, dv) {errs}"
 
@@ -100,22 +136,164 @@ def test_bfloat16_within_tolerance(kernel):
 
 
 # --------------------------------------------------------------------------------------------
-# Through the registry: kernel=pallas, against the float64 formula
+# Initial and final states (the decoder's prefill), against the oracle and a float64 reference
+
+
+def reference_with_state(fq, fk, v, S0, z0, eps, xp=np):
+    """float64: y_i = (phi(q_i) S0 + sum_{j<=i} s_ij v_j) / (phi(q_i) . z0 + sum_{j<=i} s_ij +
+    eps) and the final state (S0 + sum_j phi(k_j) v_j^T, z0 + sum_j phi(k_j)), from features."""
+    n = fq.shape[1]
+    s = xp.einsum("bihd,bjhd->bhij", fq, fk) * xp.tril(xp.ones((n, n)))
+    num = xp.einsum("bihd,bhde->bihe", fq, S0) + xp.einsum("bhij,bjhd->bihd", s, v)
+    den = xp.einsum("bihd,bhd->bih", fq, z0) + xp.einsum("bhij->bih", s)
+    S = S0 + xp.einsum("bjhd,bjhe->bhde", fk, v)
+    z = z0 + xp.einsum("bjhd->bhd", fk)
+    return num / (den[..., None] + eps), S, z
+
+
+def _with_state(fn):
+    """jit of: outputs (y, S, z) and gradients w.r.t. (fq, fk, v, S0, z0) of a scalar of y and
+    the final state with fixed random weights (so the final state's cotangents are nonzero and
+    checked too)."""
+
+    def loss(fq, fk, v, S0, z0, wy, wS, wz):
+        y, (S, z) = fn(fq, fk, v, (S0, z0))
+        return jnp.sum(y * wy) + jnp.sum(S * wS) + jnp.sum(z * wz), (y, S, z)
+
+    return jax.jit(jax.grad(loss, argnums=range(5), has_aux=True))
+
+
+@pytest.mark.parametrize("kernel", DESIGNS)
+@pytest.mark.parametrize("shape, c", [((2, 40, 2, 24), 16), ((1, 128, 1, 128), 64)], ids=str)
+def test_initial_state_and_final_state(kernel, shape, c):
+    B, T, H, D = shape
+    rng = np.random.default_rng(7)
+    q, k, v, wy = inputs(shape, seed=7)
+    fq, fk = linear.features(q, k, "softplus")
+    S0 = jnp.asarray(rng.random((B, H, D, D)), jnp.float32)
+    z0 = jnp.asarray(rng.random((B, H, D)) * 4.0, jnp.float32)
+    wS = jnp.asarray(rng.standard_normal((B, H, D, D)) * 0.01, jnp.float32)
+    wz = jnp.asarray(rng.standard_normal((B, H, D)) * 0.1, jnp.float32)
+    args = (fq, fk, v, S0, z0, wy, wS, wz)
+
+    def fused(fq, fk, v, state):
+        return chunked_kernels.chunked_attention(
+            fq, fk, v, c, EPS, initial_state=state, return_final_state=True, kernel=kernel
+        )
+
+    def oracle(fq, fk, v, state):
+        return naive.chunked_attention(
+            fq, fk, v, c, EPS, initial_state=state, return_final_state=True
+        )
+
+    grads, outs = _with_state(fused)(*args)
+    grads_o, outs_o = _with_state(oracle)(*args)
+    with jax.enable_x64(True):
+
+        def loss64(*a):
+            y, S, z = reference_with_state(*a[:5], EPS, xp=jnp)
+            return jnp.sum(y * a[5]) + jnp.sum(S * a[6]) + jnp.sum(z * a[7]), (y, S, z)
+
+        grads64, outs64 = jax.grad(loss64, argnums=range(5), has_aux=True)(
+            *(jnp.asarray(np.asarray(x, np.float64)) for x in args)
+        )
+    for label, out, o, r in zip(("y", "S", "z"), outs, outs_o, outs64):
+        assert rel_err(out, o) <= F32_TOL and rel_err(out, np.asarray(r)) <= F32_TOL, label
+    for label, g, o, r in zip(("dq", "dk", "dv", "dS0", "dz0"), grads, grads_o, grads64):
+        assert rel_err(g, o) <= F32_TOL and rel_err(g, np.asarray(r)) <= F32_TOL, label
+
+
+# --------------------------------------------------------------------------------------------
+# Launch-shape choices that change the code path: segments, how the gradients are split
 
 
 @pytest.mark.parametrize(
-    "name, t, chunk_size",
+    "kernel, segments, grads",
     [
-        ("LT_chunked", 96, 32),
-        ("LT_chunked", 64, 64),
-        ("LT_attention_parallel", 37, 16),  # T padded to 48 around the kernel
-        ("LT_attention_parallel", 20, 64),  # block capped at 32 >= T
+        ("pallas_chunk", "one", (("dq", "dk", "dv"),)),  # G = 1: no segment base
+        ("pallas_chunk", "every chunk", (("dq",), ("dk",), ("dv",))),  # G = N
+        ("pallas_chunk", "default", (("dq",), ("dk", "dv"))),
+        ("pallas_fused_chunk", None, (("dq",), ("dk", "dv"))),  # one dS carried for dk and dv
     ],
 )
-def test_registry_pallas_matches_float64_reference(name, t, chunk_size):
+def test_segments_and_gradient_kernel_splits(kernel, segments, grads, monkeypatch):
+    monkeypatch.setattr(plan, "grad_kernels", lambda D, design="chunk": grads)
+    if segments == "one":
+        monkeypatch.setattr(plan, "segments", lambda *a, **k: 1)
+    elif segments == "every chunk":
+        monkeypatch.setattr(plan, "segments", lambda B, H, N, nv, sms=0: N)
+    shape, c = (1, 96, 2, 32), 16
+    blocks = (plan.fused_blocks if "fused" in kernel else plan.blocks)(1, 96, 2, 32, c)
+    assert blocks.grad_kernels == grads
+    errs = compare("chunk" if kernel == "pallas_chunk" else "fused_chunk", shape, c)
+    assert max(errs) <= F32_TOL, errs
+
+
+def test_segments_fill_the_h100():
+    # B H nv G >= 2 x 132 programs where the chunks allow; fewer only when every chunk is one.
+    assert plan.segments(1, 12, 4096, 1) == 32 and 1 * 12 * 32 >= 2 * plan.SMS
+    assert plan.segments(1, 12, 8, 1) == 8  # T/c = 8 chunks: one chunk per segment
+    assert plan.segments(32, 12, 4096, 1) == 1  # 384 programs already
+    assert plan.segments(1, 12, 3, 1) == 1  # N odd: no power-of-two split divides it
+
+
+# --------------------------------------------------------------------------------------------
+# The normaliser's gradient (flash-linear-attention lost dk through it once: fla #875)
+
+
+@pytest.mark.parametrize("kernel", DESIGNS)
+def test_normaliser_gradient_alone(kernel):
+    """With v constant over positions the numerator is den u, so y = u den / (den + eps): with
+    eps = 10 (of the order of den) the outputs depend on q and k only through the normaliser,
+    and dq, dk are the normaliser's gradient alone, compared per input with the float64
+    reference."""
+    shape = (1, 48, 2, 24)
+    q, k, _, dy = inputs(shape, seed=11)
+    u = np.random.default_rng(12).standard_normal((1, 1, 2, 24)).astype(np.float32)
+    v = jnp.broadcast_to(jnp.asarray(u), shape)
+    fn = attention.get("LT_chunked", kernel=kernel, chunk_size=16, feature_map="softplus", eps=10.0)
+    y, grads = value_and_grads(fn, q, k, v, dy)
+    args = [np.asarray(x, np.float64) for x in (q, k, v)]
+    assert rel_err(y, reference(*args, "softplus", eps=10.0)) <= F32_TOL
+    for label, g, r in zip("qkv", grads, reference_vjp(q, k, v, dy, "softplus", eps=10.0)):
+        assert np.linalg.norm(r) > 0.1, label  # a real gradient, not a cancellation
+        assert rel_err(g, r) <= F32_TOL, label
+
+
+@pytest.mark.parametrize("kernel", DESIGNS)
+def test_normaliser_cancels_the_numerator_for_constant_values(kernel):
+    """eps -> 0 and v constant: y = u whatever q, k, so dq and dk vanish; a kernel missing the
+    normaliser's dk term (fla #875) leaves the numerator's, of the size of dv."""
+    shape = (1, 64, 1, 16)
+    q, k, _, dy = inputs(shape, seed=5)
+    v = jnp.ones(shape) * 0.5
+    fn = attention.get("LT_chunked", kernel=kernel, chunk_size=16, eps=1e-12)
+    y, (dq, dk, dv) = value_and_grads(fn, q, k, v, dy)
+    assert np.allclose(np.asarray(y), 0.5, rtol=1e-5)
+    scale = float(np.linalg.norm(np.asarray(dv)))
+    assert scale > 1.0
+    assert float(np.linalg.norm(np.asarray(dq))) <= 1e-4 * scale
+    assert float(np.linalg.norm(np.asarray(dk))) <= 1e-4 * scale
+
+
+# --------------------------------------------------------------------------------------------
+# Through the registry: kernel=pallas*, against the float64 formula
+
+
+@pytest.mark.parametrize(
+    "name, t, chunk_size, kernel",
+    [
+        ("LT_chunked", 96, 32, "pallas"),
+        ("LT_chunked", 64, 64, "pallas_chunk"),
+        ("LT_chunked", 64, 16, "pallas_fused_chunk"),
+        ("LT_attention_parallel", 37, 16, "pallas"),  # T padded to 48 around the kernel
+        ("LT_attention_parallel", 20, 64, "pallas"),  # block capped at 32 >= T
+    ],
+)
+def test_registry_pallas_matches_float64_reference(name, t, chunk_size, kernel):
     shape = (2, t, 3, 24)
     q, k, v, dy = inputs(shape, seed=5)
-    fn = attention.get(name, kernel="pallas", chunk_size=chunk_size, feature_map="relu", eps=EPS)
+    fn = attention.get(name, kernel=kernel, chunk_size=chunk_size, feature_map="relu", eps=EPS)
     y, grads = value_and_grads(fn, q, k, v, dy)
     ref = reference(*(np.asarray(x, np.float64) for x in (q, k, v)), "relu")
     assert rel_err(y, ref) <= F32_TOL
@@ -126,11 +304,32 @@ def test_registry_pallas_matches_float64_reference(name, t, chunk_size):
 def test_zero_features_and_zero_eps_stay_finite():
     # relu features all zero and eps = 0: y = 0 and zero gradients, not NaN (as in xla).
     q = -jnp.ones((1, 32, 1, 16))
-    for name in ("LT_chunked", "LT_attention_parallel"):
-        fn = attention.get(name, kernel="pallas", chunk_size=16, feature_map="relu", eps=0.0)
+    for name, kernel in (
+        ("LT_chunked", "pallas_chunk"),
+        ("LT_chunked", "pallas_fused_chunk"),
+        ("LT_attention_parallel", "pallas"),
+    ):
+        fn = attention.get(name, kernel=kernel, chunk_size=16, feature_map="relu", eps=0.0)
         y, grads = value_and_grads(fn, q, q, jnp.ones_like(q), jnp.ones_like(q))
         assert np.all(np.asarray(y) == 0.0), name
         assert all(np.all(np.isfinite(np.asarray(g))) for g in grads), name
+
+
+def test_decoder_prefill_through_the_kernel():
+    """The decoder's prefill continues from a state with the Pallas kernel (kernel=pallas, here
+    in interpret mode), as with the XLA form: two prefills of odd lengths and a step."""
+    shape = (1, 37, 2, 16)
+    q, k, v, _ = inputs(shape, seed=2)
+    outs = {}
+    for kernel in ("xla", "pallas_chunk"):
+        dec = attention.decoder("LT_chunked", kernel=kernel, chunk_size=16)
+        state = dec.init(1, 2, 16, 64)
+        y1, state = jax.jit(dec.prefill)(state, q[:, :21], k[:, :21], v[:, :21])
+        y2, state = jax.jit(dec.prefill)(state, q[:, 21:36], k[:, 21:36], v[:, 21:36])
+        y3, state = dec.step(state, q[:, 36], k[:, 36], v[:, 36])
+        outs[kernel] = (y1, y2, y3, *state)
+    for a, b in zip(outs["xla"], outs["pallas_chunk"]):
+        assert rel_err(b, a) <= F32_TOL
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,17 +343,79 @@ def test_kernel_options_and_errors():
         with pytest.raises(ValueError, match="int >= 1 or 'auto'"):
             attention.get(name, chunk_size="fast")
     with pytest.raises(NotImplementedError, match="valid kernels: auto, xla, pallas$"):
-        attention.get("LT_attention_parallel", kernel="triton")
+        attention.get("LT_attention_parallel", kernel="pallas_chunk")
+    with pytest.raises(
+        NotImplementedError,
+        match="valid kernels: auto, xla, pallas, pallas_chunk, pallas_fused_chunk, triton$",
+    ):
+        attention.get("LT_chunked", kernel="pallas_fast")
     # auto is xla off a GPU, whatever the chunk size.
     assert kernels.resolve_kernel("auto", "LT_chunked", lt_chunked.KERNELS, 24) == "xla"
     assert kernels.padded_head_dim(24) == 32 and kernels.padded_head_dim(8) == 16
+
+
+def test_unsupported_head_dim_is_one_line_up_front():
+    x = jnp.zeros((1, 32, 1, 160))
+    for kernel in DESIGNS:
+        with pytest.raises(ValueError, match=r"head dim 160 \(padded to 256\).*use kernel=xla"):
+            attention.get("LT_chunked", kernel=kernel, chunk_size=16)(x, x, x)
+    with pytest.raises(ValueError, match="head dim 160"):
+        attention.get("LT_attention_parallel", kernel="pallas", chunk_size=16)(x, x, x)
+
+
+def test_pallas_chooses_by_shape_and_logs_once(caplog):
+    chunked_kernels._LOGGED.clear()
+    kernels.new_choices()
+    with caplog.at_level(logging.INFO, logger="linear_gpt2.kernels.lt_chunked"):
+        for _ in range(2):
+            chunked_kernels.choose("pallas", 1, 16384, 12, 64, 64, jnp.bfloat16)
+        assert chunked_kernels.choose("pallas_fused_chunk", 1, 16384, 12, 64, 64, "bfloat16") == (
+            "pallas_fused_chunk"
+        )
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "T=16384" in lines[0] and "pallas_chunk" in lines[0], lines
+    assert kernels.new_choices() == lines and kernels.new_choices() == []  # what the trainer prints
+
+
+def test_cost_model_choices():
+    """The model's verdicts that the auto rule rests on (docs/design.md): batch 1, 12 heads:
+    chunk-parallel from 1k tokens on; a batch whose B H fills the SMs: the single pass at
+    short T (fewer bytes, fewer launches), chunk-parallel again at long T."""
+    s = 2
+    for T in (1024, 4096, 16384, 131072):
+        assert cost.choose(1, T, 12, 64, 64, s).kernel == "pallas_chunk", T
+    assert cost.choose(16, 1024, 12, 64, 64, s).kernel == "pallas_fused_chunk"
+    # The launch counts of the chunk-parallel kernels at T >= 16k, batch 1 (the acceptance).
+    for T in (16384, 131072, 524288):
+        ks = cost.chunk_kernels(1, T, 12, 64, s, plan.blocks(1, T, 12, 64, 64), True)
+        assert all(k.programs >= plan.SMS for k in ks if not k.name.startswith("xla")), T
+
+
+def test_roofline_model_tiny(tmp_path):
+    """benchmarks/roofline.py --tiny: the model alone (no compile), written as CSV and markdown
+    labelled as a model; at T = 4k the chunk-parallel bound is below the old single pass's."""
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "roofline.py"), "--tiny", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=root,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = (tmp_path / "kernel_roofline_h100_model.md").read_text()
+    assert "a roofline MODEL" in md and "not a measurement" in md
+    with open(tmp_path / "kernel_roofline_h100_model.csv") as f:
+        rows = list(csv.DictReader(f))
+    total = {}
+    for row in rows:
+        if row["T"] == "4096":
+            total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
+    assert total["chunk"] < total["old"] / 2, total
 
 
 @pytest.mark.skipif(kernels.on_gpu(), reason="checks the CPU error")
 def test_triton_unavailable_is_a_clear_error():
     with pytest.raises(kernels.KernelUnavailableError, match=r"pip install \.\[triton\]|CUDA GPU"):
         attention.get("LT_chunked", kernel="triton")
-    assert triton_chunked.unavailable_reason()
+    assert triton_fused.unavailable_reason()
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +435,7 @@ def test_gpu_lowering_matches_oracle(kernel, dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_gpu_triton_matches_oracle(dtype):
     pytest.importorskip("jax_triton", reason="pip install .[triton]")
-    KERNELS["triton"] = (triton_chunked.chunked_attention, chunked_oracle)
+    KERNELS["triton"] = (triton_fused.chunked_attention, naive.chunked_attention)
     try:
         errs = compare("triton", (2, 256, 3, 40), 64, "softplus", dtype)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,27 +110,63 @@ def test_parsers_read_xla_dumps_and_ptxas_logs():
 
 
 # --------------------------------------------------------------------------------------------
-# Attention alone: every Pallas kernel, forward and backward, and cuDNN for flash
+# Attention alone: every Pallas kernel, forward and backward, at D = 64, 128 and c = 64, 128,
+# with register spilling an error and within the H100's shared memory; and cuDNN for flash
+
+LIMIT = H100.device["shared_memory_per_block_optin"]
+KERNEL_SETS = {
+    ("pallas_chunk", 64): {"fwd_h", "fwd_o", "bwd_dh", "bwd_dqkv"},
+    ("pallas_chunk", 128): {"fwd_h", "fwd_o", "bwd_dh", "bwd_dq", "bwd_dkv"},
+    ("pallas_fused_chunk", 64): {"fused_fwd", "fused_bwd_dq", "fused_bwd_dk", "fused_bwd_dv"},
+    ("pallas_fused_chunk", 128): {"fused_fwd", "fused_bwd_dq", "fused_bwd_dk", "fused_bwd_dv"},
+}
 
 
-@pytest.mark.parametrize(
-    "name, options, kernel_names",
-    [
-        ("LT_chunked", dict(chunk_size=64), {"lt_chunked_forward", "lt_chunked_backward"}),
-        (
+def _names(report, prefix: str) -> set[str]:
+    # XLA suffixes a kernel compiled twice (the state pass recomputed in the backward): __1.
+    return {re.sub(r"__\d+$", "", k.name).removeprefix(prefix) for k in report.kernels}
+
+
+@pytest.mark.parametrize("c", [64, 128])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("kernel", ["pallas_chunk", "pallas_fused_chunk", "parallel"])
+def test_every_pallas_kernel_compiles_without_spills(kernel, D, c):
+    if kernel == "parallel":
+        name, options, prefix = (
             "LT_attention_parallel",
-            dict(chunk_size=64),
-            {"lt_attention_parallel_forward", "lt_attention_parallel_backward"},
-        ),
-        ("flash", dict(kernel="pallas"), {"mha_forward", "mha_backward"}),
-    ],
-)
-def test_every_pallas_kernel_compiles_for_the_h100(name, options, kernel_names):
-    r = target.compile_attention(name, (1, 1024, 12, 64), "bfloat16", "h100", **options)
-    found = {k.name for k in r.kernels}
-    assert kernel_names <= found, found  # kernel=auto chose the Pallas kernel for the target
-    limit = H100.device["shared_memory_per_block_optin"]
-    assert all(0 < k.programs and k.shared_memory <= limit for k in r.kernels)
+            dict(kernel="pallas"),
+            "lt_attention_parallel_",
+        )
+        expected = {"forward", "backward"}
+    else:
+        name, options, prefix = "LT_chunked", dict(kernel=kernel), "lt_chunked_"
+        expected = KERNEL_SETS[(kernel, D)]
+    r = target.compile_attention(
+        name, (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True, chunk_size=c, **options
+    )  # a spill or too much shared memory is a CompileError
+    assert _names(r, prefix) == expected
+    assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+
+
+@pytest.mark.parametrize("T", [16384, 131072])
+def test_chunk_parallel_kernels_fill_the_h100_at_batch_1(T):
+    """B = 1, H = 12, D = 64 (the post's timing setting): kernel=pallas picks the chunk-parallel
+    kernels, and every one launches >= 132 programs: the output and gradient kernels by their
+    row tiles, the state passes by splitting the sequence into segments."""
+    r = target.compile_attention(
+        "LT_chunked", (1, T, 12, 64), "bfloat16", "h100", fail_on_spill=True, chunk_size=64,
+        kernel="pallas",
+    )  # fmt: skip
+    programs = {re.sub(r"__\d+$", "", k.name): k.programs for k in r.kernels}
+    assert set(programs) == {f"lt_chunked_{k}" for k in KERNEL_SETS[("pallas_chunk", 64)]}
+    assert min(programs.values()) >= H100.device["core_count"], programs
+    assert programs["lt_chunked_fwd_o"] == T // 64 * 12
+
+
+def test_flash_pallas_kernels_compile_for_the_h100():
+    r = target.compile_attention("flash", (1, 1024, 12, 64), "bfloat16", "h100", kernel="pallas")
+    assert {"mha_forward", "mha_backward"} <= {k.name for k in r.kernels}
+    assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
 def test_flash_auto_is_cudnn_for_the_h100():
@@ -237,6 +274,12 @@ def test_command_reports_kernel_registers_and_spills(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     ks = {k["name"]: k for k in json.loads(out.read_text())["kernels"]}
-    for name in ("lt_chunked_forward", "lt_chunked_backward"):
-        assert 0 < ks[name]["registers"] <= 255 and ks[name]["spill_stores"] is not None
-    assert "lt_chunked_forward" in r.stdout and "INFO" not in r.stderr
+    for name in (
+        "lt_chunked_fwd_h",
+        "lt_chunked_fwd_o",
+        "lt_chunked_bwd_dh",
+        "lt_chunked_bwd_dqkv",
+    ):
+        assert 0 < ks[name]["registers"] <= 255 and ks[name]["spill_stores"] == 0
+    assert "lt_chunked_fwd_o" in r.stdout and "INFO" not in r.stderr
+    assert "kernel: LT_chunked kernel=pallas at [B=1, T=1024, H=12, D=64] c=64" in r.stdout

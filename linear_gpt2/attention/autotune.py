@@ -169,6 +169,9 @@ def best_chunk_size(
     if name == "LT_chunked":
         cands = [c for c in cands if T % c == 0]
     if kernel != "xla":
+        # The fused kernels compile for the H100 at every power of two >= 16 with D <= 128
+        # (tests/test_target.py): other candidates are excluded, a D over the limit is an error.
+        kernels.check_head_dim(int(shape[-1]), f"{name} kernel={kernel}")
         cands = [c for c in cands if kernels.block_size_problem(c) is None]
     if not cands:
         if kernel != "xla":

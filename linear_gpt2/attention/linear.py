@@ -188,8 +188,25 @@ def pair_weights(forget: Forget, T: int, H: int) -> jax.Array:
 # Recurrent decoder, shared by all linear variants (they compute the same function).
 
 
+def _prefill_kernel(kernel: str, c: int) -> str | None:
+    """The Pallas ``LT_chunked`` kernel a prefill uses, or None for the XLA chunked form: the
+    kernel named (``pallas``, ``pallas_chunk``, ``pallas_fused_chunk``), or ``pallas`` for
+    ``auto`` when compiling for a GPU, provided c is a valid block size."""
+    from linear_gpt2 import kernels
+
+    pallas = ("pallas", "pallas_chunk", "pallas_fused_chunk")
+    name = kernel if kernel in pallas else ("pallas" if kernel == "auto" else None)
+    if name is None or (kernel == "auto" and not kernels.on_gpu()):
+        return None
+    return name if kernels.block_size_problem(c) is None else None
+
+
 def make_decoder(
-    feature_map: str = "softplus", chunk_size: int | str = 64, eps: float = 1e-6, **_: Any
+    feature_map: str = "softplus",
+    chunk_size: int | str = 64,
+    eps: float = 1e-6,
+    kernel: str = "auto",
+    **_: Any,
 ) -> Decoder:
     """The linear transformer as an RNN (the post's section 4): a state of constant size.
 
@@ -202,7 +219,9 @@ def make_decoder(
       phi(k) (gamma = 0 where a document starts), y = phi(q) S / (phi(q) . z + eps); O(D^2).
     - ``prefill(state, q, k, v, *, log_gate=None, resets=None)``, q, k, v ``[B, T, H, D]``: the
       chunked form (``LT_chunked``) started from ``state``, with chunks of ``chunk_size``; T need
-      not be a multiple of it.
+      not be a multiple of it. With ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto``
+      compiling for a GPU), a power-of-two chunk size >= 16 and no resets or gates, the Pallas
+      kernels run it (from the state, returning the final state); otherwise the XLA form.
     """
     phi = check_feature_map(feature_map)
     if chunk_size == "auto":
@@ -234,8 +253,17 @@ def make_decoder(
         from linear_gpt2.attention.lt_chunked import chunked_linear_attention
 
         T = q.shape[1]
-        c = min(chunk_size, T)
         fq, fk = features(q, k, phi)
+        fused = _prefill_kernel(kernel, chunk_size)
+        if fused is not None and log_gate is None and resets is None:
+            from linear_gpt2.kernels import lt_chunked as lt_chunked_kernels
+
+            y, state = lt_chunked_kernels.chunked_attention(
+                fq, fk, v.astype(q.dtype), chunk_size, eps, initial_state=state,
+                return_final_state=True, kernel=fused,
+            )  # fmt: skip
+            return y.astype(q.dtype), state
+        c = min(chunk_size, T)
         # Pad to a multiple of c in feature space: a padded key has phi(k) = 0 and v = 0, so it
         # adds nothing to the state or to any real query's sums; padded queries are dropped.
         # Padded positions neither decay (log gamma = 0) nor start a document, so the state

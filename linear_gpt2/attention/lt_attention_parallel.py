@@ -2,7 +2,7 @@
 
 The post uses a Triton flash kernel here; this module is the same blocked algorithm in pure JAX
 (the oracle), and the place where fused kernels plug in (``kernel=``: ``IMPLEMENTATIONS``; the
-Pallas kernel is ``linear_gpt2.kernels.pallas_parallel``).
+Pallas kernel is ``linear_gpt2.kernels.lt_attention_parallel``).
 With block size c (the ``chunk_size`` option) and T/c query blocks Q_n and key blocks K_m:
 
     for every query block n (in parallel):              # a kernel's grid axis; here a batch axis
@@ -270,9 +270,9 @@ blocked_forget_attention.defvjp(_fwd_forget, _bwd_forget)
 
 def _pallas(fq, fk, v, c: int, eps: float) -> jax.Array:
     # Imported when called: picking xla never imports Pallas.
-    from linear_gpt2.kernels import pallas_parallel
+    from linear_gpt2.kernels import lt_attention_parallel
 
-    return pallas_parallel.blocked_attention(fq, fk, v, c, eps)
+    return lt_attention_parallel.blocked_attention(fq, fk, v, c, eps)
 
 
 # kernel name -> implementation of ``blocked_linear_attention``'s interface (``auto`` is pallas
@@ -319,7 +319,7 @@ def make(
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
         name = kernels.resolve_kernel(
-            kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS), chunk_size
+            kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS), chunk_size, q.shape[-1]
         )
         if forget is not None and name in FUSED:
             name = kernels.forget_fallback(kernel, name, "LT_attention_parallel")

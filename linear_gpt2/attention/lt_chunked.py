@@ -155,22 +155,28 @@ def check_chunk_size(T: int, c: int) -> None:
 
 
 # Implementations selected by ``kernel=``: ``xla`` is ``chunked_linear_attention`` above (the
-# oracle of the fused kernels); ``pallas`` (Triton-lowered on GPU, interpret mode elsewhere) and
-# ``triton`` (jax-triton, GPU only) live in ``linear_gpt2.kernels``; ``auto`` is pallas on a GPU,
-# xla elsewhere.
-KERNELS = ("auto", "xla", "pallas", "triton")
+# oracle of the fused kernels); the Pallas kernels (Triton-lowered on GPU, interpret mode
+# elsewhere) live in ``linear_gpt2.kernels.lt_chunked``: ``pallas_chunk`` (chunk-parallel),
+# ``pallas_fused_chunk`` (single pass), and ``pallas``, which chooses between the two by shape;
+# ``triton`` (jax-triton, GPU only) is the single pass written in Triton; ``auto`` is pallas on
+# a GPU, xla elsewhere.
+KERNELS = ("auto", "xla", "pallas", "pallas_chunk", "pallas_fused_chunk", "triton")
+PALLAS = ("pallas", "pallas_chunk", "pallas_fused_chunk")
 
 
 def _fused(kernel: str):
     """``(fq, fk, v, c, eps) -> y`` of a fused kernel, imported only when picked."""
-    if kernel == "pallas":
-        from linear_gpt2.kernels import pallas_chunked
+    if kernel in PALLAS:
+        from linear_gpt2.kernels import lt_chunked as lt_chunked_kernels
 
-        return pallas_chunked.chunked_attention
-    from linear_gpt2.kernels import triton_chunked
+        def fn(fq, fk, v, c, eps):
+            return lt_chunked_kernels.chunked_attention(fq, fk, v, c, eps, kernel=kernel)
 
-    triton_chunked.check_available()
-    return triton_chunked.chunked_attention
+        return fn
+    from linear_gpt2.kernels.lt_chunked import triton_fused
+
+    triton_fused.check_available()
+    return triton_fused.chunked_attention
 
 
 def make(
@@ -198,7 +204,7 @@ def make(
         the chunk size must divide T; optional ``resets`` / ``log_gate`` (``linear.Forget``)."""
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
-        impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size)
+        impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size, q.shape[-1])
         if forget is not None and impl != "xla":
             impl = kernels.forget_fallback(kernel, impl, "LT_chunked")
         c = chunk_size

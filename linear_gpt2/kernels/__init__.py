@@ -6,17 +6,21 @@ Every kernel here implements the interface of
     kernel(fq, fk, v, c, eps) -> y
 
 fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` in the input dtype, T a multiple of the chunk/block
-size c, y ``[B, T, H, D]`` in v's dtype, normalised (``num / (den + eps)``) inside the kernel.
+size c (the ``LT_chunked`` kernels pad T themselves), D <= 128 (:data:`MAX_HEAD_DIM`), y
+``[B, T, H, D]`` in v's dtype, normalised (``num / (den + eps)``) inside the kernel.
 The feature map phi is applied outside the kernels, in plain JAX: it is elementwise, XLA fuses it
 with the projection that produces q and k, and its gradient is then plain autodiff (the kernels'
 ``custom_vjp`` returns cotangents of phi(q) and phi(k)). Fusing phi into the kernels would save
 one write and one read of phi(q), phi(k) (4 T D bytes per head in bfloat16) per pass; not done.
 
-Modules (imported lazily by the attention variants, so ``kernel=xla`` never imports Pallas):
+One folder per op (imported lazily by the attention variants, so ``kernel=xla`` never imports
+Pallas), each with its pure-JAX oracle beside the kernels, as flash-linear-attention's
+``fla/ops/<op>/``:
 
-- :mod:`.pallas_chunked`: ``LT_chunked`` (state carried across chunks in float32);
-- :mod:`.pallas_parallel`: ``LT_attention_parallel`` (flash-style tiles, running sums);
-- :mod:`.triton_chunked`: ``LT_chunked`` through ``jax_triton.triton_call`` (GPU only, optional).
+- :mod:`.lt_chunked`: ``LT_chunked``: the chunk-parallel kernels (state pass, outputs, reverse
+  state pass, gradients), the single-pass kernels, the cost model that chooses between them, and
+  the jax-triton single pass (GPU only, optional);
+- :mod:`.lt_attention_parallel`: ``LT_attention_parallel`` (flash-style tiles, running sums).
 
 This module holds what they share: backend detection, the Triton shape rules (checked on every
 backend so that a configuration that would not lower on a GPU fails on CPU too) and head-dim
@@ -25,6 +29,7 @@ padding.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 
@@ -89,6 +94,28 @@ def check_block_size(c: int, what: str) -> None:
         raise ValueError(f"{what}={c} {problem}; use e.g. 64, or kernel=xla for any size")
 
 
+# The largest padded head dim the kernels are built for: their [D, 64] float32 state slices and
+# [bt, D] tiles compile without register spills on the H100 up to D = 128 (tests/test_target.py).
+MAX_HEAD_DIM = 128
+
+
+def head_dim_problem(D: int) -> str | None:
+    """Why the kernels cannot take head dim D, or None."""
+    Dp = padded_head_dim(D)
+    if Dp > MAX_HEAD_DIM:
+        return (
+            f"head dim {D} (padded to {Dp}) is over the kernels' {MAX_HEAD_DIM}: their state "
+            f"slices and tiles would spill registers on the H100"
+        )
+    return None
+
+
+def check_head_dim(D: int, what: str) -> None:
+    problem = head_dim_problem(D)
+    if problem:
+        raise ValueError(f"{what}: {problem}; use kernel=xla")
+
+
 def pad_head_dim(x: jax.Array, Dp: int) -> jax.Array:
     """Zero-pad the last axis to Dp. Exact for linear attention: zero feature columns add nothing
     to any score phi(q).phi(k), zero value columns give zero output columns (sliced off), and the
@@ -113,10 +140,13 @@ def num_warps(Dp: int) -> int:
     return 4 if Dp <= 64 else 8
 
 
-def resolve_kernel(kernel: str, variant: str, valid: tuple[str, ...], chunk_size) -> str:
+def resolve_kernel(
+    kernel: str, variant: str, valid: tuple[str, ...], chunk_size, head_dim: int | None = None
+) -> str:
     """The implementation behind ``kernel`` for ``variant``: ``auto`` is ``pallas`` on a GPU when
-    the chunk size suits the kernel (a power of two >= 16, or ``auto``), ``xla`` otherwise (with a
-    warning on a GPU); other values are checked against ``valid`` and returned as they are."""
+    the chunk size and head dim suit the kernels (a power of two >= 16, or ``auto``; D <= 128),
+    ``xla`` otherwise (with a warning on a GPU); other values are checked against ``valid`` and
+    returned as they are."""
     import warnings
 
     from linear_gpt2.attention import linear
@@ -128,13 +158,36 @@ def resolve_kernel(kernel: str, variant: str, valid: tuple[str, ...], chunk_size
         return "xla"
     problem = None if chunk_size == "auto" else block_size_problem(int(chunk_size))
     if problem:
+        problem = f"chunk_size={chunk_size} {problem}"
+    elif head_dim is not None:
+        problem = head_dim_problem(head_dim)
+    if problem:
         warnings.warn(
-            f"{variant}: kernel=auto uses xla, not the Pallas kernel, because chunk_size="
-            f"{chunk_size} {problem}",
+            f"{variant}: kernel=auto uses xla, not the Pallas kernel, because {problem}",
             stacklevel=3,
         )
         return "xla"
     return "pallas"
+
+
+# Kernel choices made by shape in this process (``kernel=pallas`` for LT_chunked), in order: the
+# trainer and scripts/compile.py print the new ones, library users see them as INFO log records.
+_CHOICES: list[str] = []
+_PRINTED = 0
+
+
+def note_choice(message: str, logger: str = __name__) -> None:
+    """Record a choice made by shape (the caller notes each shape once) and log it at INFO."""
+    _CHOICES.append(message)
+    logging.getLogger(logger).info(message)
+
+
+def new_choices() -> list[str]:
+    """The choices noted since the last call."""
+    global _PRINTED
+    out = _CHOICES[_PRINTED:]
+    _PRINTED = len(_CHOICES)
+    return out
 
 
 def forget_fallback(kernel: str, name: str, variant: str) -> str:
@@ -191,6 +244,7 @@ def fused_linear_attention(forward: Callable, backward: Callable, what: str) -> 
     def attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float) -> jax.Array:
         T, D = fq.shape[1], fq.shape[-1]
         check_block_size(c, f"{what}: chunk_size")
+        check_head_dim(D, what)
         if T % c:
             raise ValueError(f"{what}: chunk_size={c} does not divide T={T}")
         Dp = padded_head_dim(D)

@@ -1,5 +1,7 @@
 """``LT_attention_parallel`` as a flash-style Pallas kernel (Triton-lowered on GPU, interpret mode
 elsewhere): tiles of c queries x c keys, running numerator and denominator, no T x T in memory.
+Here c is the kernel's block, ``tile(c, D)``: the block size asked for, at most 64 rows (32 at
+D = 128), so that the [c, c] and [c, D] tiles compile without spills on the H100.
 
 Same function as :func:`linear_gpt2.attention.lt_attention_parallel.blocked_linear_attention`
 (the oracle). Forward, grid (T/c, B, H), one program per query block n:
@@ -24,12 +26,14 @@ tile from dY, Y and den (elementwise, cheap next to the dots):
 
 Memory: O(T D) per head (inputs, outputs, den); the [c, c] tiles live in registers.
 
-Precision as in the oracle: phi(Q), phi(K), V and A in the input dtype for the forward dots,
-cotangents (g, dA) float32 operands, every accumulation float32.
+Precision as in the ``LT_chunked`` kernels (``lt_chunked/tiles.py``): every dot's operands in the
+input dtype, the backward's cotangents g and dA rounded to it for their dots, every accumulation
+float32.
 
-GPU constraints (unverified here): c and the padded head dim are powers of two >= 16; the whole
+GPU constraints: c and the padded head dim are powers of two >= 16, D <= 128; the whole
 sequence of K and V is one block (program-local pointer arithmetic, as in JAX's mha), only
-[c, Dp] tiles are loaded.
+[c, Dp] tiles are loaded. Compiled for the H100 (deviceless) in tests/test_target.py, spills an
+error: forward 118 / 80 registers, backward 236 / 139 at D = 64 / 128 (8 warps backward).
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ def _bwd_kernel(
 
     # dphi(K)_j, dV_j: query blocks i >= j (earlier ones do not see key block j).
     fk_j, v_j = fk_ref[own, :], v_ref[own, :]
-    v_j32 = v_j.astype(F32)
+    dt = fk_j.dtype
 
     def query_block(i, carry):
         dk, dv = carry
@@ -101,8 +105,8 @@ def _bwd_kernel(
         g, delta = _cotangents(dy_ref, y_ref, den_ref, rows, eps)
         mask = _mask(i, j, c)
         A = jnp.where(mask, _dot(fq, fk_j.T), 0.0)
-        dA = jnp.where(mask, _dot(g, v_j32.T) - delta[:, None], 0.0)
-        return dk + _dot(dA.T, fq.astype(F32)), dv + _dot(A.T, g)
+        dA = jnp.where(mask, _dot(g.astype(dt), v_j.T) - delta[:, None], 0.0)
+        return dk + _dot(dA.astype(dt).T, fq), dv + _dot(A.astype(dt).T, g.astype(dt))
 
     zeros = jnp.zeros((c, Dp), F32)
     dk, dv = lax.fori_loop(j, n_blocks, query_block, (zeros, zeros))
@@ -114,22 +118,34 @@ def _bwd_kernel(
 
     def key_block(m, dq):
         rows = pl.ds(m * c, c)
-        fk, v = fk_ref[rows, :].astype(F32), v_ref[rows, :].astype(F32)
-        dA = jnp.where(_mask(j, m, c), _dot(g_j, v.T) - delta_j[:, None], 0.0)
-        return dq + _dot(dA, fk)
+        fk, v = fk_ref[rows, :], v_ref[rows, :]
+        dA = jnp.where(_mask(j, m, c), _dot(g_j.astype(dt), v.T) - delta_j[:, None], 0.0)
+        return dq + _dot(dA.astype(dt), fk)
 
     dq = lax.fori_loop(0, j + 1, key_block, zeros)
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _compiler_params(Dp: int):
+def _compiler_params(Dp: int, backward: bool = False):
     from jax.experimental.pallas import triton as plgpu
 
-    return plgpu.CompilerParams(num_warps=kernels.num_warps(Dp), num_stages=2)
+    warps = 8 if backward else kernels.num_warps(Dp)
+    return plgpu.CompilerParams(num_warps=warps, num_stages=2)
+
+
+def tile(c: int, Dp: int) -> int:
+    """The kernel's block of rows: the block size c, at most 64 rows (32 at D = 128), the tiles
+    of the ``LT_chunked`` kernels (``lt_chunked.plan.tile``); with 128-row blocks the backward
+    spills (D = 64) or needs more shared memory than the H100 has (D = 128). A larger block size
+    only changes how far T is padded."""
+    from linear_gpt2.kernels.lt_chunked import plan
+
+    return plan.tile(c, Dp)
 
 
 def _forward(fq, fk, v, c: int, eps: float):
     B, T, H, Dp = fq.shape
+    c = tile(c, Dp)
     block = pl.BlockSpec((None, c, None, Dp), lambda n, b, h: (b, n, h, 0))
     seq = pl.BlockSpec((None, T, None, Dp), lambda n, b, h: (b, 0, h, 0))
     den = pl.BlockSpec((None, None, c), lambda n, b, h: (b, h, n))
@@ -150,6 +166,7 @@ def _forward(fq, fk, v, c: int, eps: float):
 
 def _backward(fq, fk, v, y, dy, den, c: int, eps: float):
     B, T, H, Dp = fq.shape
+    c = tile(c, Dp)
     block = pl.BlockSpec((None, c, None, Dp), lambda n, b, h: (b, n, h, 0))
     seq = pl.BlockSpec((None, T, None, Dp), lambda n, b, h: (b, 0, h, 0))
     den_spec = pl.BlockSpec((None, None, T), lambda n, b, h: (b, h, 0))
@@ -159,7 +176,7 @@ def _backward(fq, fk, v, y, dy, den, c: int, eps: float):
         in_specs=[seq, seq, seq, seq, seq, den_spec],
         out_specs=[block, block, block],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (fq, fk, v)],
-        compiler_params=_compiler_params(Dp),
+        compiler_params=_compiler_params(Dp, backward=True),
         interpret=kernels.interpret(),
         name="lt_attention_parallel_backward",
     )(fq, fk, v, y, dy, den)

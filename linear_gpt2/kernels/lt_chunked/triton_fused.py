@@ -1,8 +1,8 @@
 """``LT_chunked`` as hand-written Triton kernels called through ``jax_triton.triton_call``.
 
-The same algorithm as :mod:`linear_gpt2.kernels.pallas_chunked` (see its docstring for the
-design, the gradient formulas and the FLOP/byte counts): grid (B, H), a sequential loop over
-chunks carrying the float32 state S [D, D], z [D]; backward recomputes the states in a forward
+The single-pass design of :mod:`linear_gpt2.kernels.lt_chunked.fused_chunk` as it was first
+written (one [c, c] tile per chunk, one backward kernel with both loops): grid (B, H), a
+sequential loop over chunks carrying the float32 state S [D, D], z [D]; backward recomputes the states in a forward
 loop (dphi(Q)) and carries their cotangents in a reverse loop (dphi(K), dV). Written in Triton
 directly so that a GPU benchmark can tell whether Pallas' lowering leaves speed on the table;
 it is kept only if it is competitive.
@@ -178,7 +178,7 @@ _fused = kernels.fused_linear_attention(_forward, _backward, "LT_chunked kernel=
 
 def chunked_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float):
     """Normalised causal linear attention by chunks of ``c`` (Triton). Same contract as
-    :func:`linear_gpt2.kernels.pallas_chunked.chunked_attention`; GPU and jax-triton only.
+    :func:`linear_gpt2.kernels.lt_chunked.chunked_attention`; GPU and jax-triton only.
     The kernels compute offsets from the contiguous ``[B, T, H, Dp]`` layout."""
     check_available()
     return _fused(fq, fk, v, c, eps)

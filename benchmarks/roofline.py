@@ -1,0 +1,308 @@
+"""Per-kernel roofline MODEL of the LT_chunked kernels on the H100: not a measurement.
+
+For every kernel of three designs at B=1, H=12, D=64 (the post's timing setting), T = 1k ...
+512k and c = 64, 128, 256, forward + backward in bfloat16:
+
+- ``old``: the single-pass kernels as they were before the chunk-parallel rewrite (grid (B, H),
+  one [c, c] score tile per chunk, one backward kernel with both loops);
+- ``chunk``: the chunk-parallel kernels (``kernel=pallas_chunk``);
+- ``fused``: the single pass as it is now (``kernel=pallas_fused_chunk``);
+
+the table gives FLOPs, bytes to and from HBM, programs launched, chunks walked in sequence per
+program, and the lower-bound time from ``linear_gpt2.kernels.lt_chunked.cost``: the roofline at
+the H100's peaks (989 TFLOP/s dense bf16, 3.35 TB/s) divided by the share of the 132 SMs the
+launch can occupy. Totals add ``cost.LAUNCH_SECONDS`` per launch (an assumption). The registers,
+shared memory and spill columns are compile measurements (deviceless, ``linear_gpt2.target``) of
+the same kernels at T = 4096; the old kernel's come from compiling it at commit 5d0586d (it is
+no longer in the tree). ``kernel=pallas`` picks the design with the lower modelled total, the
+``auto`` column. A second section prices the alternatives behind the block sizes chosen in
+``kernels/lt_chunked/plan.py`` (docs/design.md quotes it).
+
+    python benchmarks/roofline.py              # compiles (registers, shared memory), ~2 minutes
+    python benchmarks/roofline.py --no-compile # the model alone, seconds
+    python benchmarks/roofline.py --tiny       # two lengths, one chunk size, no compile (tests)
+
+Writes ``kernel_roofline_h100_model.{csv,md}`` under ``--out`` (default benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from linear_gpt2 import target  # noqa: E402
+
+if __name__ == "__main__":
+    target.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
+
+from linear_gpt2.bench import environment  # noqa: E402
+from linear_gpt2.kernels.lt_chunked import cost, plan  # noqa: E402
+
+B, H, D, S = 1, 12, 64, 2  # bfloat16
+TS = tuple(1024 * 2**i for i in range(10))  # 1k ... 512k
+CS = (64, 128, 256)
+DESIGNS = ("old", "chunk", "fused")
+
+# The old kernels compiled for the H100 (deviceless, jax 0.11.2, ptxas 13) at commit 5d0586d:
+# {c: {kernel: (registers, shared memory bytes, spill stores bytes)}}, or the compile error.
+OLD_MEASURED = {
+    64: {"old_fwd": (252, 49152, 0), "old_bwd": (255, 90368, 800)},
+    128: {"old_fwd": (255, 81920, 1152), "old_bwd": (255, 213504, 5648)},
+    256: "does not compile: 558,080 B of shared memory requested, 232,448 available",
+}
+COMPILE_T = 4096
+
+
+def kernels_of(design: str, T: int, c: int) -> list[cost.KernelCost]:
+    if design == "old":
+        return cost.old_fused_kernels(B, T, H, D, S, c, True)
+    if design == "chunk":
+        return cost.chunk_kernels(B, T, H, D, S, plan.blocks(B, T, H, D, c), True)
+    return cost.fused_kernels(B, T, H, D, S, plan.fused_blocks(B, T, H, D, c), True)
+
+
+def compiled_resources(design: str, c: int) -> dict[str, tuple[int | None, int, int | None]]:
+    """{kernel: (registers, shared memory, spill stores)} of the design compiled for the H100."""
+    if design == "old":
+        old = OLD_MEASURED[c]
+        return old if isinstance(old, dict) else {}
+    kernel = {"chunk": "pallas_chunk", "fused": "pallas_fused_chunk"}[design]
+    r = target.compile_attention(
+        "LT_chunked", (B, COMPILE_T, H, D), "bfloat16", "h100", chunk_size=c, kernel=kernel
+    )
+    out = {}
+    for k in r.kernels:
+        name = re.sub(r"__\d+$", "", k.name).removeprefix("lt_chunked_")
+        out[name] = (k.registers, k.shared_memory, k.spill_stores)
+    return out
+
+
+def model_rows(Ts, Cs, resources) -> tuple[list[dict], list[dict]]:
+    """Per-kernel rows and per-(T, c) summary rows."""
+    rows, summary = [], []
+    for c in Cs:
+        for T in Ts:
+            totals = {}
+            for design in DESIGNS:
+                ks = kernels_of(design, T, c)
+                res = resources.get((design, c), {})
+                for k in ks:
+                    regs, smem, spill = res.get(k.name.replace(" (recomputed)", ""), (None,) * 3)
+                    rows.append(
+                        dict(
+                            design=design, T=T, c=c, kernel=k.name, programs=k.programs,
+                            steps=k.steps, flops=k.flops, bytes=k.bytes,
+                            intensity=round(k.intensity, 2), sm_share=round(k.sm_share, 3),
+                            bound_us=k.seconds * 1e6, registers=regs, shared_memory=smem,
+                            spill_stores=spill,
+                        )
+                    )  # fmt: skip
+                totals[design] = (
+                    sum(k.seconds for k in ks) * 1e6,
+                    cost.design_seconds(ks) * 1e6,
+                    len(ks),
+                    min(k.programs for k in ks if not k.name.startswith("xla")),
+                )
+            choice = cost.choose(B, T, H, D, c, S).kernel
+            summary.append(
+                dict(
+                    T=T, c=c,
+                    **{f"{d}_bound_us": totals[d][0] for d in DESIGNS},
+                    **{f"{d}_with_launches_us": totals[d][1] for d in DESIGNS},
+                    **{f"{d}_launches": totals[d][2] for d in DESIGNS},
+                    **{f"{d}_min_programs": totals[d][3] for d in DESIGNS},
+                    auto=choice,
+                )
+            )  # fmt: skip
+    return rows, summary
+
+
+# --------------------------------------------------------------------------------------------
+# The alternatives behind the block sizes (plan.py), priced by the same model
+
+
+def _sum(ks, names=None) -> float:
+    return sum(k.seconds for k in ks if names is None or k.name.split(" ")[0] in names) * 1e6
+
+
+def choices(Ts=(16384, 131072)) -> list[dict]:
+    out = []
+    for T in Ts:
+        base = plan.blocks(B, T, H, D, 64)
+        N = T // 64
+        for G in sorted({1, 4, 16, base.segments, 4 * base.segments, N}):
+            b = dataclasses.replace(base, segments=G)
+            ks = cost.chunk_kernels(B, T, H, D, S, b, True)
+            out.append(
+                dict(T=T, choice="segments G (state passes)", value=G,
+                     chosen=G == base.segments,
+                     bound_us=_sum(ks, {"fwd_h", "bwd_dh", "xla:"}),
+                     note=f"{B * H * G} programs, {N // G} chunks each")
+            )  # fmt: skip
+        for bv in (64, 32, 16):
+            b = dataclasses.replace(base, bv=bv)
+            ks = cost.chunk_kernels(B, T, H, D, S, b, True)
+            out.append(
+                dict(T=T, choice="value block bv (fwd_h, fwd_o)", value=bv, chosen=bv == base.bv,
+                     bound_us=_sum(ks, {"fwd_h", "fwd_o", "bwd_dh", "xla:"}),
+                     note="scores recomputed per value block")
+            )  # fmt: skip
+        for grads in ((("dq", "dk", "dv"),), (("dq",), ("dk", "dv")), (("dq",), ("dk",), ("dv",))):
+            b = dataclasses.replace(base, grad_kernels=grads)
+            ks = cost.chunk_kernels(B, T, H, D, S, b, True)
+            label = " + ".join("d" + "".join(x[1] for x in g) for g in grads)
+            out.append(
+                dict(T=T, choice="gradient kernels", value=label,
+                     chosen=grads == base.grad_kernels,
+                     bound_us=_sum(ks, {"bwd_dqkv", "bwd_dq", "bwd_dkv", "bwd_dk", "bwd_dv"}),
+                     note="each kernel re-reads the chunk's inputs")
+            )  # fmt: skip
+        big = plan.blocks(B, T, H, D, 256)
+        for bt in (256, 128, 64, 32):
+            b = dataclasses.replace(big, bt=bt)
+            ks = cost.chunk_kernels(B, T, H, D, S, b, True)
+            out.append(
+                dict(T=T, choice="row tile bt at c=256", value=bt, chosen=bt == big.bt,
+                     bound_us=_sum(ks),
+                     note=f"{sum(k.flops for k in ks) / 1e9:.1f} GFLOP fwd+bwd")
+            )  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt_us(x: float) -> str:
+    return f"{x:,.1f}"
+
+
+def markdown(rows, summary, picks, env, resources, compiled: bool) -> str:
+    lines = [
+        "# LT_chunked kernels on the H100: a roofline MODEL",
+        "",
+        "**A model, not a measurement.** Lower-bound times computed from each kernel's FLOPs, "
+        "HBM bytes and launch shape (`linear_gpt2/kernels/lt_chunked/cost.py`): the roofline at "
+        f"{cost.PEAK_FLOPS / 1e12:.0f} TFLOP/s (dense bf16) and {cost.PEAK_BYTES / 1e12:.2f} TB/s, "
+        f"divided by the share of the {cost.SMS} SMs the launch can occupy; a sequential pass "
+        "pays its steps in sequence (they are one program's work). 'with launches' adds "
+        f"{cost.LAUNCH_SECONDS * 1e6:.0f} us per launch (assumed). "
+        + (
+            "Registers, shared memory and spills are compile measurements (deviceless, "
+            f"`linear_gpt2.target`, T={COMPILE_T}); the old kernel's at commit 5d0586d."
+            if compiled
+            else "Registers and shared memory not compiled in this run (--no-compile)."
+        ),
+        "",
+        f"B={B}, H={H}, D={D}, bfloat16, forward + backward. jax {env['jax_version']}, commit "
+        f"{env['git_commit'][:12]}.",
+        "",
+        "## Totals (us): old single pass, chunk-parallel, single pass now",
+        "",
+        "| T | c | old bound | chunk bound | fused bound | old w/ launches | chunk w/ "
+        "launches | fused w/ launches | chunk min programs | old / chunk | auto |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in summary:
+        old_note = "" if s["c"] in OLD_MEASURED and isinstance(OLD_MEASURED[s["c"]], dict) else "*"
+        lines.append(
+            f"| {s['T']:,} | {s['c']} | {_fmt_us(s['old_bound_us'])}{old_note} | "
+            f"{_fmt_us(s['chunk_bound_us'])} | {_fmt_us(s['fused_bound_us'])} | "
+            f"{_fmt_us(s['old_with_launches_us'])} | {_fmt_us(s['chunk_with_launches_us'])} | "
+            f"{_fmt_us(s['fused_with_launches_us'])} | {s['chunk_min_programs']} | "
+            f"{s['old_bound_us'] / s['chunk_bound_us']:.1f}x | {s['auto']} |"
+        )
+    if any(not isinstance(v, dict) for v in OLD_MEASURED.values()):
+        lines += ["", "\\* the old kernel at this c " + OLD_MEASURED[256] + " (modelled anyway)."]
+    lines += [
+        "",
+        f"## Compiled resources per kernel (B={B}, T={COMPILE_T:,}, H={H}, D={D}, bfloat16)",
+        "",
+        "| design | c | kernel | registers | shared memory (B) | spill stores (B) |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for (design, c), res in sorted(resources.items()):
+        if not res:
+            lines.append(f"| {design} | {c} | - | {OLD_MEASURED.get(c)} | | |")
+        for name, (regs, smem, spill) in sorted(res.items()):
+            lines.append(f"| {design} | {c} | {name} | {regs} | {smem:,} | {spill} |")
+    for T in (16384, 131072):
+        if not any(r["T"] == T for r in rows):
+            continue
+        lines += [
+            "",
+            f"## Per kernel at T={T:,}, c=64",
+            "",
+            "| design | kernel | programs | steps | GFLOP | MB | FLOP/B | SM share | bound us | "
+            "regs | smem |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            if r["T"] == T and r["c"] == 64:
+                lines.append(
+                    f"| {r['design']} | {r['kernel']} | {r['programs']:,} | {r['steps']} | "
+                    f"{r['flops'] / 1e9:.2f} | {r['bytes'] / 1e6:.1f} | {r['intensity']} | "
+                    f"{r['sm_share']:.2f} | {_fmt_us(r['bound_us'])} | "
+                    f"{'-' if r['registers'] is None else r['registers']} | "
+                    f"{'-' if r['shared_memory'] is None else format(r['shared_memory'], ',')} |"
+                )
+    if picks:
+        lines += [
+            "",
+            "## Block-size choices priced by the model (chunk-parallel, c=64 unless stated)",
+            "",
+            "| T | choice | value | chosen | bound us | note |",
+            "|---:|---|---|---|---:|---|",
+        ]
+        for p in picks:
+            lines.append(
+                f"| {p['T']:,} | {p['choice']} | {p['value']} | {'yes' if p['chosen'] else ''} | "
+                f"{_fmt_us(p['bound_us'])} | {p['note']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, rows, summary, md: str) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = (
+        out / "kernel_roofline_h100_model.csv",
+        out / "kernel_roofline_h100_model.md",
+    )
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    md_path.write_text(md)
+    return csv_path, md_path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--no-compile", action="store_true", help="the model alone, no resources")
+    p.add_argument("--tiny", action="store_true", help="T = 1k, 4k; c = 64; no compile")
+    args = p.parse_args(argv)
+    Ts, Cs = ((1024, 4096), (64,)) if args.tiny else (TS, CS)
+    compiled = not (args.tiny or args.no_compile)
+    resources = {}
+    if compiled:
+        for c in Cs:
+            for design in DESIGNS:
+                resources[(design, c)] = compiled_resources(design, c)
+    rows, summary = model_rows(Ts, Cs, resources)
+    picks = [] if args.tiny else choices()
+    md = markdown(rows, summary, picks, environment(), resources, compiled)
+    paths = write(args.out, rows, summary, md)
+    print(md)
+    print("wrote " + ", ".join(str(x) for x in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""``LT_chunked`` as Pallas kernels (Triton-lowered on GPU, interpret mode elsewhere).
+
+One op, its kernels side by side (flash-linear-attention's ``fla/ops/<op>/`` layout):
+
+================  ==================================================================  ==========
+module            kernel (grid)                                                       carries
+================  ==================================================================  ==========
+``naive``         the pure-JAX oracle (``attention.lt_chunked``), normalised           -
+``fwd_h``         state pass: states entering each chunk, (G, B, H, D/bv)              S, z
+``fwd_o``         outputs of every row tile, (T/bt, B, H, D/bv)                        nothing
+``bwd_dh``        reverse state pass: cotangents of the states, (G, B, H, D/bv)        dS, dz
+``bwd_dqkv``      dphi(q), dphi(k), dv of every row tile, (T/bt, B, H, D/bd)           nothing
+``fused_chunk``   the single-pass kernels: forward (B, H, D/bv) and backward           S, z / dS, dz
+                  (B, H, D/bd) x 3, each walking all T/c chunks in order
+``tiles``         the tile math every kernel shares (the one place of the score mask)
+``plan``          block sizes, segments, warps (:class:`plan.Blocks`)
+``cost``          the roofline model: FLOPs, bytes, programs per kernel; ``kernel=pallas``
+                  chooses between the two designs with it
+================  ==================================================================  ==========
+
+Two designs of the same function, both with float32 states and normaliser sums:
+
+- **chunk-parallel** (``pallas_chunk``): a state pass parallel over (segment, batch, head,
+  value block) and sequential over the chunks of its segment writes the state entering every
+  chunk to HBM; the sequence is split into G segments whose totals are prefix-summed in XLA
+  (exact: the update is a sum) so that the pass has enough programs even at batch 1; then the
+  outputs, parallel over (row tile, batch, head, value block). Backward: the state pass is
+  recomputed, a reverse state pass writes the cotangent of every chunk's state, and one kernel
+  parallel over (row tile, batch, head) gives dphi(q), dphi(k), dv (two at D = 128). As fla's
+  ``chunk_fwd_h`` / ``chunk_fwd_o`` / ``chunk_bwd_dh`` / ``chunk_bwd_dqkwg``, and the post's
+  own ``LT_chunked``.
+- **fused single pass** (``pallas_fused_chunk``): one program per (batch, head[, value block])
+  walks all chunks, carrying the state in registers; nothing but den goes to HBM besides the
+  outputs. The least traffic and the fewest launches, but only B H programs: it wins when
+  B H occupies most of the 132 SMs, or at 1k tokens with B H = 24 or so (``cost.choose``).
+
+``kernel="pallas"`` chooses between them by shape with the model in ``cost`` (logged once per
+shape); the two names force one. The interface, for both: :func:`chunked_attention`.
+
+Residuals of the ``custom_vjp``: phi(q), phi(k), v, y, den and the initial state: O(T D); the
+backward recomputes the per-chunk states (one more state pass) rather than keeping T/c D^2.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2 import kernels
+from linear_gpt2.kernels.lt_chunked import bwd_dh, bwd_dqkv, cost, fused_chunk, fwd_h, fwd_o
+from linear_gpt2.kernels.lt_chunked import plan as plan_lib
+
+F32 = jnp.float32
+
+# The Pallas kernels of LT_chunked: "pallas" chooses by shape between the two designs.
+CHUNK = "pallas_chunk"
+FUSED = "pallas_fused_chunk"
+NAMES = ("pallas", CHUNK, FUSED)
+
+# --------------------------------------------------------------------------------------------
+# Segment prefixes (XLA): the exact sums that join the state pass's segments
+
+
+def _bases(ht, zt, state, need_final: bool):
+    """Per-segment bases ``(S [B, H, G, D, D], z [B, H, G, D])``: the initial state plus the
+    totals of the earlier segments (None when G = 1 and there is no initial state: zero), and
+    the final state (None unless ``need_final``)."""
+    G = ht.shape[2]
+    if state is None:
+        state = (jnp.zeros_like(ht[:, :, 0]), jnp.zeros_like(zt[:, :, 0]))
+        if G == 1:
+            final = (ht[:, :, 0], zt[:, :, 0]) if need_final else None
+            return None, final
+    S0, z0 = state
+    S_incl = S0[:, :, None] + jnp.cumsum(ht, axis=2)
+    z_incl = z0[:, :, None] + jnp.cumsum(zt, axis=2)
+    base = (
+        jnp.concatenate([S0[:, :, None], S_incl[:, :, :-1]], axis=2),
+        jnp.concatenate([z0[:, :, None], z_incl[:, :, :-1]], axis=2),
+    )
+    return base, ((S_incl[:, :, -1], z_incl[:, :, -1]) if need_final else None)
+
+
+def _dbases(dht, dzt, final_ct, need_initial: bool):
+    """Per-segment cotangent bases: the final state's cotangent plus the totals of the later
+    segments (None when G = 1 and there is no final-state cotangent: zero), and the initial
+    state's cotangent (None unless ``need_initial``)."""
+    G = dht.shape[2]
+    if final_ct is None:
+        final_ct = (jnp.zeros_like(dht[:, :, 0]), jnp.zeros_like(dzt[:, :, 0]))
+        if G == 1:
+            initial = (dht[:, :, 0], dzt[:, :, 0]) if need_initial else None
+            return None, initial
+    dSf, dzf = final_ct
+    dS_incl = dSf[:, :, None] + jnp.flip(jnp.cumsum(jnp.flip(dht, 2), axis=2), 2)
+    dz_incl = dzf[:, :, None] + jnp.flip(jnp.cumsum(jnp.flip(dzt, 2), axis=2), 2)
+    dbase = (
+        jnp.concatenate([dS_incl[:, :, 1:], dSf[:, :, None]], axis=2),
+        jnp.concatenate([dz_incl[:, :, 1:], dzf[:, :, None]], axis=2),
+    )
+    return dbase, ((dS_incl[:, :, 0], dz_incl[:, :, 0]) if need_initial else None)
+
+
+def row_cotangents(dy, y, den, eps: float):
+    """r = 1 / (den + eps) and delta = r (dY . y) ``[B, H, T]`` float32: the cotangent of the
+    numerator rows is g = r dY, that of the denominator -delta. dy, y ``[B, T, H, D]``."""
+    r = kernels.reciprocal(den, eps)
+    dot = jnp.einsum("bthd,bthd->bht", dy.astype(F32), y.astype(F32))
+    return r, r * dot
+
+
+# --------------------------------------------------------------------------------------------
+# The chunk-parallel design
+
+
+def _chunk_forward(fq, fk, v, state, blocks, eps, return_state):
+    h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)
+    base, final = _bases(ht, zt, state, return_state)
+    y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks)
+    return y, den, final
+
+
+def _chunk_backward(fq, fk, v, y, den, state, dy, final_ct, blocks, eps):
+    h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)  # recomputed: O(T D) residuals only
+    base, _ = _bases(ht, zt, state, False)
+    r, delta = row_cotangents(dy, y, den, eps)
+    dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks)
+    dbase, dstate = _dbases(dht, dzt, final_ct, state is not None)
+    dq, dk, dv = bwd_dqkv.chunk_bwd_grads(
+        fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks
+    )
+    return dq, dk, dv, dstate
+
+
+def _fused_forward(fq, fk, v, state, blocks, eps, return_state):
+    return fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state)
+
+
+def _fused_backward(fq, fk, v, y, den, state, dy, final_ct, blocks, eps):
+    r, delta = row_cotangents(dy, y, den, eps)
+    return fused_chunk.fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks)
+
+
+_DESIGNS = {CHUNK: (_chunk_forward, _chunk_backward), FUSED: (_fused_forward, _fused_backward)}
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _core(fq, fk, v, state, design: str, blocks, eps: float, return_state: bool):
+    y, _, final = _DESIGNS[design][0](fq, fk, v, state, blocks, eps, return_state)
+    return (y, final) if return_state else y
+
+
+def _core_fwd(fq, fk, v, state, design, blocks, eps, return_state):
+    y, den, final = _DESIGNS[design][0](fq, fk, v, state, blocks, eps, return_state)
+    out = (y, final) if return_state else y
+    return out, (fq, fk, v, y, den, state)
+
+
+def _core_bwd(design, blocks, eps, return_state, residuals, ct):
+    fq, fk, v, y, den, state = residuals
+    dy, final_ct = ct if return_state else (ct, None)
+    dq, dk, dv, dstate = _DESIGNS[design][1](
+        fq, fk, v, y, den, state, dy.astype(y.dtype), final_ct, blocks, eps
+    )
+    return dq, dk, dv, dstate
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# The interface
+
+_LOGGED: set = set()
+
+
+def choose(kernel: str, B: int, T: int, H: int, D: int, c: int, dtype) -> str:
+    """The design behind ``kernel`` at this (padded) shape: ``pallas`` asks the cost model
+    (``cost.choose``) and logs the choice once per shape; the explicit names are returned."""
+    if kernel not in NAMES:
+        raise ValueError(f"LT_chunked: unknown Pallas kernel {kernel!r}; valid: {', '.join(NAMES)}")
+    if kernel != "pallas":
+        return kernel
+    choice = cost.choose(B, T, H, D, c, jnp.dtype(dtype).itemsize)
+    key = (B, T, H, D, c, jnp.dtype(dtype).name)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        kernels.note_choice(
+            f"LT_chunked kernel=pallas at [B={B}, T={T}, H={H}, D={D}] c={c} "
+            f"{jnp.dtype(dtype).name}: {choice.kernel} ({choice.reason})",
+            __name__,
+        )
+    return choice.kernel
+
+
+def problem(c: int, D: int) -> str | None:
+    """Why the kernels cannot run chunk size c at head dim D, or None: c must be a power of two
+    >= 16 (Triton block shapes), D at most 128 once padded. Every other (c, D), c = 16 ... T,
+    compiles without spills for the H100 (row tiles keep the registers independent of c)."""
+    bad = kernels.block_size_problem(c)
+    if bad:
+        return f"chunk_size={c} {bad}"
+    return kernels.head_dim_problem(D)
+
+
+def check_chunk(c: int, D: int, kernel: str = "pallas") -> None:
+    """The one-line error for a (c, D) the kernels cannot run (:func:`problem`)."""
+    bad = problem(c, D)
+    if bad:
+        raise ValueError(f"LT_chunked kernel={kernel}: {bad}; use kernel=xla for any size")
+
+
+def chunked_attention(
+    fq: jax.Array,
+    fk: jax.Array,
+    v: jax.Array,
+    c: int,
+    eps: float,
+    initial_state=None,
+    return_final_state: bool = False,
+    kernel: str = "pallas",
+):
+    """Normalised causal linear attention by chunks of ``c``, fused; differentiable.
+
+    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` (same dtype); any T (padded to a multiple of
+    c: zero features and values add nothing), any D (zero-padded to a power of two >= 16);
+    c a power of two >= 16. ``initial_state``: ``(S [B, H, D, D], z [B, H, D])`` float32 to
+    continue from (the decoder's prefill), differentiable too; ``return_final_state``: also
+    return the state after the T positions. ``kernel``: ``pallas`` (chosen by shape),
+    ``pallas_chunk`` or ``pallas_fused_chunk``. Returns y ``[B, T, H, D]`` in fq's dtype (and
+    the final state)."""
+    B, T, H, D = fq.shape
+    check_chunk(c, D, kernel)
+    Dp = kernels.padded_head_dim(D)
+    pad_t = (-T) % c
+    Tp = T + pad_t
+
+    def prep(x):
+        x = kernels.pad_head_dim(x.astype(fq.dtype), Dp)
+        return jnp.pad(x, ((0, 0), (0, pad_t), (0, 0), (0, 0))) if pad_t else x
+
+    fq_p, fk_p, v_p = (prep(x) for x in (fq, fk, v))
+    state = None
+    if initial_state is not None:
+        S0, z0 = initial_state
+        w = Dp - D
+        state = (
+            jnp.pad(S0.astype(F32), ((0, 0), (0, 0), (0, w), (0, w))),
+            jnp.pad(z0.astype(F32), ((0, 0), (0, 0), (0, w))),
+        )
+    design = choose(kernel, B, Tp, H, Dp, c, fq.dtype)
+    blocks = (fused_chunk.blocks if design == FUSED else plan_lib.blocks)(B, Tp, H, Dp, c)
+    out = _core(fq_p, fk_p, v_p, state, design, blocks, float(eps), return_final_state)
+    y, final = out if return_final_state else (out, None)
+    y = y[:, :T, :, :D]
+    if not return_final_state:
+        return y
+    S, z = final
+    return y, (S[:, :, :D, :D], z[:, :, :D])

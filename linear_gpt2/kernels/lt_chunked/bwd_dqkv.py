@@ -1,0 +1,203 @@
+"""Gradient kernels, backward: dphi(Q), dphi(K), dV of every tile in parallel
+(``lt_chunked_bwd_dqkv``, or ``_dq`` + ``_dkv`` where one kernel would spill).
+
+Grid ``(N P, B, H, D/bd)``: one program per (row tile, batch, head, column block of the
+gradients), fully parallel (nothing carried across chunks). Tile t lies in chunk n = t // P at
+position p = t % P. With the state entering
+the chunk S, z (``fwd_h`` + segment base), the cotangent of the state after it dS, dz
+(``bwd_dh`` + segment dbase), g = dY r and delta = g . y (r = 1 / (den + eps)):
+
+    as a query tile:  dphi(Q)_t = sum_{j <= p} dA_tj phi(K)_j + g_t S^T - delta_t z^T
+    as a key tile:    dphi(K)_t = sum_{i >= p} dA_it^T phi(Q)_i + V_t dS^T + 1 dz^T
+                      dV_t      = sum_{i >= p} A_it^T g_i      + phi(K)_t dS
+
+over the tiles i, j of chunk n, with A = ``tiles.scores`` and dA = ``tiles.score_cotangents``
+(the one place of the mask). The ``- delta z^T`` and ``1 dz^T`` terms and the ``- delta`` in
+dA are the normaliser's: dz is the cotangent of the key sum z, which every later query's
+denominator reads.
+
+Reads phi(Q), phi(K), V, dY (the tiles of its chunk it needs), r, delta, and the chunk's
+h, z, dh, dz (plus segment bases when present); writes dphi(Q), dphi(K), dV ``[B, T, H, D]``
+in the input dtype, columns bd of D (``plan.Blocks.bd``: all of D up to 64; at D = 128 two
+programs per tile, each recomputing the [bt, bt] scores A and dA, which contract over all of D,
+and loading only its rows / columns of the [D, D] states: the price of staying under 255
+registers). Each state is loaded where it is used, not live across the other phase.
+
+Which gradients one kernel computes is ``plan.Blocks.grad_kernels``: all three in one kernel
+where that compiles without spills (D <= 64: the fewest bytes, since every input is read once),
+``dq`` and ``dk, dv`` in two kernels where it would not (D = 128; each re-reads the chunk's
+inputs). A kernel computing only dphi(K) skips the scores A, one computing only dV skips dA.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from linear_gpt2 import kernels
+from linear_gpt2.kernels.lt_chunked import plan as plan_lib
+from linear_gpt2.kernels.lt_chunked import tiles
+
+F32 = jnp.float32
+
+
+def dq_tile(fk_ref, v_ref, g, delta, S_rows, z_blk, start, p, *, bt: int, block=None):
+    """dphi(Q) ``[bt, bd]`` float32 (columns ``block`` of D, all when None) of query tile p of
+    the chunk starting at row ``start``; g, delta its row cotangents, S_rows ``[bd, D]`` and
+    z_blk ``[bd]`` the block's rows of the state entering the chunk."""
+
+    def key_tile(j, dq):
+        rows = pl.ds(start + j * bt, bt)
+        dA = tiles.score_cotangents(g, v_ref[rows, :], delta, p, j, bt)
+        k = tiles.cols(fk_ref, rows, block)
+        return dq + tiles.dot(dA.astype(k.dtype), k)
+
+    width = S_rows.shape[0]
+    dq = tiles.loop(0, p + 1, key_tile, jnp.zeros((bt, width), F32))
+    return dq + tiles.dot(g, S_rows.T) - delta[:, None] * z_blk[None, :]
+
+
+def dkv_tile(fq_ref, dy_ref, r_ref, delta_ref, k, v, load_dS, start, p, P, *, bt, parts, block):
+    """dphi(K) and/or dV (``parts``) ``[bt, bd]`` float32 (columns ``block`` of D, all when
+    None) of key tile p of the chunk starting at row ``start``; k, v: the tile's rows (all of
+    D; only what a part reads is given). ``load_dS()`` gives the cotangent of the state after the
+    chunk, ``{"rows": dS[block, :] [bd, D], "dz": dz[block] [bd]}`` for dphi(K) and
+    ``{"cols": dS[:, block] [D, bd]}`` for dV; it is called after the loop over query tiles so
+    that the state is not live during it."""
+    want_dk, want_dv = "dk" in parts, "dv" in parts
+
+    def query_tile(i, carry):
+        rows = pl.ds(start + i * bt, bt)
+        q, r = fq_ref[rows, :], r_ref[rows]
+        dt = q.dtype
+        out = []
+        if want_dk:  # dA^T phi(Q)[:, block]
+            g = tiles.cotangent_rows(dy_ref[rows, :], r)
+            dA = tiles.score_cotangents(g, v, delta_ref[rows], i, p, bt)
+            q_blk = q if block is None else fq_ref[rows, block]
+            out.append(carry[len(out)] + tiles.dot(dA.astype(dt).T, q_blk))
+        if want_dv:  # A^T g[:, block]
+            A = tiles.scores(q, k, i, p, bt)
+            g_blk = tiles.cotangent_rows(tiles.cols(dy_ref, rows, block), r)
+            out.append(carry[len(out)] + tiles.dot(A.astype(dt).T, g_blk.astype(dt)))
+        return tuple(out)
+
+    width = fq_ref.shape[-1] if block is None else block.size
+    acc = tiles.loop(p, P, query_tile, tuple(jnp.zeros((bt, width), F32) for _ in parts))
+    dS = load_dS()
+    out = []
+    if want_dk:
+        out.append(acc[0] + tiles.dot(v.astype(F32), dS["rows"].T) + dS["dz"][None, :])
+    if want_dv:
+        out.append(acc[-1] + tiles.dot(k.astype(F32), dS["cols"]))
+    return tuple(out)
+
+
+def _kernel(*refs, c: int, bt: int, bd: int, parts, has_base: bool, has_dbase: bool):
+    """fq, fk, v, dy ``[c, D]`` (the chunk), r, delta ``[c]``, h, dh ``[D, D]``, z, dz ``[D]``,
+    (base, zbase), (dbase, dzbase); one ``[bt, bd]`` output per part."""
+    refs = list(refs)
+    fq_ref, fk_ref, v_ref, dy_ref, r_ref, delta_ref, h_ref, z_ref, dh_ref, dz_ref = refs[:10]
+    rest = refs[10:]
+    base_refs = dbase_refs = None
+    if has_base:
+        base_refs, rest = rest[:2], rest[2:]
+    if has_dbase:
+        dbase_refs, rest = rest[:2], rest[2:]
+    outs = dict(zip(parts, rest))
+    D = fq_ref.shape[-1]
+    P = c // bt
+    p = 0 if P == 1 else pl.program_id(0) % P
+    own = pl.ds(p * bt, bt)
+    block = None if bd == D else pl.ds(pl.program_id(3) * bd, bd)
+    rows_of = slice(None) if block is None else block
+
+    def state(S_ref, z_ref, extra, cut):
+        S, z = S_ref[cut], z_ref[rows_of]
+        if extra is not None:
+            S, z = S + extra[0][cut], z + extra[1][rows_of]
+        return S, z
+
+    if "dq" in parts:  # as a query tile
+        g = tiles.cotangent_rows(dy_ref[own, :], r_ref[own])
+        S_rows, z_blk = state(h_ref, z_ref, base_refs, (rows_of, slice(None)))
+        dq = dq_tile(fk_ref, v_ref, g, delta_ref[own], S_rows, z_blk, 0, p, bt=bt, block=block)
+        outs["dq"][...] = dq.astype(outs["dq"].dtype)
+
+    kv_parts = tuple(x for x in parts if x != "dq")
+    if kv_parts:  # as a key tile
+
+        def load_dS():
+            out = {}
+            if "dk" in kv_parts:
+                out["rows"], out["dz"] = state(dh_ref, dz_ref, dbase_refs, (rows_of, slice(None)))
+            if "dv" in kv_parts:
+                if block is None and "rows" in out:
+                    out["cols"] = out["rows"]
+                else:
+                    out["cols"] = state(dh_ref, dz_ref, dbase_refs, (slice(None), rows_of))[0]
+            return out
+
+        k = fk_ref[own, :] if "dv" in kv_parts else None
+        v = v_ref[own, :] if "dk" in kv_parts else None
+        res = dkv_tile(
+            fq_ref, dy_ref, r_ref, delta_ref, k, v, load_dS, 0, p, P,
+            bt=bt, parts=kv_parts, block=block,
+        )  # fmt: skip
+        for name, x in zip(kv_parts, res):
+            outs[name][...] = x.astype(outs[name].dtype)
+
+
+def kernel_name(parts) -> str:
+    """``lt_chunked_bwd_dqkv``, ``_dq``, ``_dkv``, ``_dk``, ``_dv``: the gradients a kernel gives."""
+    return "lt_chunked_bwd_d" + "".join(x[1] for x in parts)
+
+
+def chunk_bwd_grads(fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks: plan_lib.Blocks):
+    """``(dphi(Q), dphi(K), dV)`` ``[B, T, H, D]`` in the input dtypes, by the kernels of
+    ``blocks.grad_kernels`` (each a tuple of the gradients it computes). h, z / dh, dz: the
+    segment-local states from ``fwd_h`` / ``bwd_dh``; base, dbase: ``(S [B, H, G, D, D],
+    z [B, H, G, D])`` per segment or None (zero)."""
+    B, T, H, D = fq.shape
+    c, bt, bd, G = blocks.c, blocks.bt, blocks.bd, blocks.segments
+    P, N = c // bt, T // c
+    L = N // G
+    chunk = pl.BlockSpec((None, c, None, D), lambda t, b, h, d: (b, t // P, h, 0))
+    rows = pl.BlockSpec((None, None, c), lambda t, b, h, d: (b, h, t // P))
+    state = pl.BlockSpec((None, None, None, D, D), lambda t, b, h, d: (b, h, t // P, 0, 0))
+    zvec = pl.BlockSpec((None, None, None, D), lambda t, b, h, d: (b, h, t // P, 0))
+    seg_state = pl.BlockSpec((None, None, None, D, D), lambda t, b, h, d: (b, h, t // P // L, 0, 0))
+    seg_zvec = pl.BlockSpec((None, None, None, D), lambda t, b, h, d: (b, h, t // P // L, 0))
+    in_specs = [chunk, chunk, chunk, chunk, rows, rows, state, zvec, state, zvec]
+    args = [fq, fk, v, dy, r, delta, h, z, dh, dz]
+    for extra in (base, dbase):
+        if extra is not None:
+            in_specs += [seg_state, seg_zvec]
+            args += list(extra)
+    tile = pl.BlockSpec((None, bt, None, bd), lambda t, b, h, d: (b, t, h, d))
+    like = {"dq": fq, "dk": fk, "dv": v}
+    grads = {}
+    for parts in blocks.grad_kernels:
+        outs = pl.pallas_call(
+            partial(
+                _kernel,
+                c=c,
+                bt=bt,
+                bd=bd,
+                parts=parts,
+                has_base=base is not None,
+                has_dbase=dbase is not None,
+            ),  # fmt: skip
+            grid=(T // bt, B, H, D // bd),
+            in_specs=in_specs,
+            out_specs=[tile] * len(parts),
+            out_shape=[jax.ShapeDtypeStruct(like[x].shape, like[x].dtype) for x in parts],
+            compiler_params=plan_lib.compiler_params(kernel_name(parts)[11:], D, blocks),
+            interpret=kernels.interpret(),
+            name=kernel_name(parts),
+        )(*args)
+        grads.update(zip(parts, outs))
+    return grads["dq"], grads["dk"], grads["dv"]

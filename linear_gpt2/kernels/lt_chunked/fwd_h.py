@@ -1,0 +1,105 @@
+"""State pass, forward: the state entering every chunk (``lt_chunked_fwd_h``).
+
+Grid ``(G, B, H, NV)``: one program per (segment, batch, head, value block). The T/c chunks are
+split into G segments of L = T/(c G) consecutive chunks (``plan.Blocks.segments``); a program
+walks the L chunks of its segment in order, sequentially, carrying in float32
+
+    S [D, BV]  the segment-local state  sum_{j in the segment, before chunk n} phi(k_j) v_j^T
+    z [D]      the segment-local normaliser sum  sum_j phi(k_j)
+
+starting from zero. Per chunk n it writes to HBM the state *entering* the chunk, h[n] = S
+(``[B, H, N, D, D]`` float32, value block BV) and z[n] (``[B, H, N, D]``, written by the value
+block 0 programs), then adds the chunk: S = scale_n S + phi(K_n)^T V_n (scale_n = 1:
+``tiles.chunk_scale``, issue 14's decay hook), z += phi(K_n)^T 1. At the end it writes the
+segment's total, ``[B, H, G, D, D]`` and ``[B, H, G, D]``.
+
+The state entering chunk n is then ``base[g(n)] + h[n]``, where base[g] = S_0 + the totals of
+segments 0..g-1 (an exact prefix over segments, computed in XLA: the update is a plain sum);
+the output and gradient kernels add the two. With G = 1 and no initial state, base = 0 and is
+not read. Splitting the sequence gives the pass G times more programs (``plan``: enough to
+fill the H100's 132 SMs at batch 1) at the price of G [D, D] totals.
+
+Reads phi(K), V once ([B, T, H, D], input dtype); per chunk, one [D, c] x [c, BV] dot.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from linear_gpt2 import kernels
+from linear_gpt2.kernels.lt_chunked import plan as plan_lib
+from linear_gpt2.kernels.lt_chunked import tiles
+
+F32 = jnp.float32
+
+
+def add_tile(fk_ref, v_ref, start, bt, p, carry):
+    """The state plus row tile p of the chunk starting at ``start``: S + phi(K)^T V, z + phi(K)^T 1."""
+    S, z = carry
+    rows = pl.ds(start + p * bt, bt)
+    k = fk_ref[rows, :]
+    return S + tiles.dot(k.T, v_ref[rows, :]), z + jnp.sum(k.astype(F32), axis=0)
+
+
+def _kernel(fk_ref, v_ref, h_ref, z_ref, ht_ref, zt_ref, *, c: int, bt: int, L: int):
+    """fk ``[L c, D]``, v ``[L c, BV]`` (the segment); h ``[L, D, BV]``, z ``[L, D]``,
+    ht ``[D, BV]``, zt ``[D]``."""
+    first_block = pl.program_id(3) == 0
+    D, BV = fk_ref.shape[-1], v_ref.shape[-1]
+
+    def chunk(n, carry):
+        S, z = carry
+        h_ref[n] = S
+
+        @pl.when(first_block)
+        def _():
+            z_ref[n] = z
+
+        scale = tiles.chunk_scale(n)
+        return tiles.loop(
+            0, c // bt, partial(add_tile, fk_ref, v_ref, n * c, bt), (S * scale, z * scale)
+        )
+
+    S, z = lax.fori_loop(0, L, chunk, (jnp.zeros((D, BV), F32), jnp.zeros((D,), F32)))
+    ht_ref[...] = S
+
+    @pl.when(first_block)
+    def _():
+        zt_ref[...] = z
+
+
+def chunk_fwd_h(fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks):
+    """``(h [B, H, N, D, D], z [B, H, N, D], ht [B, H, G, D, D], zt [B, H, G, D])``, float32:
+    segment-local states entering each chunk and each segment's total. fk, v ``[B, T, H, D]``,
+    T = N c, D a power of two."""
+    B, T, H, D = fk.shape
+    c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
+    N = T // c
+    L = N // G
+    seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
+    seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))
+    return pl.pallas_call(
+        partial(_kernel, c=c, bt=bt, L=L),
+        grid=(G, B, H, D // BV),
+        in_specs=[seg, seg_v],
+        out_specs=[
+            pl.BlockSpec((None, None, L, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
+            pl.BlockSpec((None, None, L, D), lambda g, b, h, iv: (b, h, g, 0)),
+            pl.BlockSpec((None, None, None, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
+            pl.BlockSpec((None, None, None, D), lambda g, b, h, iv: (b, h, g, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((B, H, N, D, D), F32),
+            jax.ShapeDtypeStruct((B, H, N, D), F32),
+            jax.ShapeDtypeStruct((B, H, G, D, D), F32),
+            jax.ShapeDtypeStruct((B, H, G, D), F32),
+        ],
+        compiler_params=plan_lib.compiler_params("fwd_h", D, blocks),
+        interpret=kernels.interpret(),
+        name="lt_chunked_fwd_h",
+    )(fk, v)

@@ -1,0 +1,133 @@
+"""Block sizes and launch shapes of the ``LT_chunked`` kernels, chosen from the shape.
+
+:class:`Blocks` fixes, for one call, everything static about the launch:
+
+- ``c``: the chunk size, the spacing of the stored states (the user's ``chunk_size``);
+- ``bt``: the row tile, ``min(c, MAX_TILE)``. Scores are computed as [bt, bt] tiles of the
+  chunk's [c, c] matrix, so c = 256 costs [64, 64] register tiles, not [256, 256], and the
+  tiles above the diagonal are skipped;
+- ``bv``: the value block of the state pass and output kernel (the [D, D] state split by value
+  columns across programs);
+- ``bd``: the column block of the gradient kernels (dphi(q), dphi(k), dv computed 64 columns of
+  D per program, the states' rows / columns loaded or carried accordingly);
+- ``segments``: G, the split of the sequence for the state passes (``fwd_h`` / ``bwd_dh``).
+
+Which values: see :func:`blocks` and the design notes (docs/design.md, "LT_chunked kernels"),
+where the roofline model (``cost.py``, ``benchmarks/roofline.py``) and the compiled register
+counts that drove them are quoted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Rows of a score tile at most: [64, 64] float32 scores (``tile``).
+MAX_TILE = 64
+# The H100's SMs: the launch size a pass needs to occupy the whole GPU.
+SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    c: int
+    bt: int
+    bv: int
+    bd: int
+    segments: int
+    # The backward gradient kernels, each the tuple of the gradients it computes.
+    grad_kernels: tuple[tuple[str, ...], ...] = (("dq", "dk", "dv"),)
+
+    def describe(self) -> str:
+        kernels = "+".join("d" + "".join(x[1] for x in k) for k in self.grad_kernels)
+        return (
+            f"c={self.c} bt={self.bt} bv={self.bv} bd={self.bd} G={self.segments} grads={kernels}"
+        )
+
+
+def value_block(D: int) -> int:
+    """bv (and bd): all of D up to 64 columns, 64-column blocks above (D = 128: two programs,
+    each with a [128, 64] float32 state slice instead of [128, 128])."""
+    return min(D, 64)
+
+
+def segments(B: int, H: int, N: int, nv: int, sms: int = SMS) -> int:
+    """G: the fewest segments (a power of two dividing the N chunks) that give the state passes
+    at least two programs per SM (B H nv G >= 2 sms), or N if even one chunk per segment does not.
+    Each segment costs one [D, D] total and a term of the XLA prefix; two waves rather than one
+    halve the tail when the programs do not divide evenly over the SMs."""
+    G = 1
+    while B * H * nv * G < 2 * sms and N % (2 * G) == 0:
+        G *= 2
+    return G
+
+
+def tile(c: int, D: int) -> int:
+    """bt, the row tile: 64 rows up to D = 64, 32 at D = 128 (bt D <= 4096 elements per operand
+    tile). At D = 128 the backward kernels spill with 64-row tiles (compiled: 120-230 bytes per
+    thread), and not with 32."""
+    return min(c, MAX_TILE, max(16, 4096 // D))
+
+
+def grad_kernels(D: int, design: str = "chunk") -> tuple[tuple[str, ...], ...]:
+    """How the backward splits dphi(q), dphi(k), dv over kernels (compiled register counts in
+    docs/design.md). Chunk-parallel: one kernel up to D = 64 (every input read once), dq and
+    (dk, dv) apart at D = 128, where one kernel spills. Single pass: dq walks forward, dk and dv
+    walk in reverse, each carrying only the state slice it reads (together they spill)."""
+    if design == "fused":
+        return (("dq",), ("dk",), ("dv",))
+    return (("dq", "dk", "dv"),) if D <= 64 else (("dq",), ("dk", "dv"))
+
+
+def blocks(B: int, T: int, H: int, D: int, c: int, *, segments_override: int | None = None):
+    """The launch shape of the chunk-parallel kernels for ``[B, T, H, D]`` inputs (T a multiple
+    of c, D a power of two)."""
+    bv = value_block(D)
+    N = T // c
+    G = segments(B, H, N, D // bv) if segments_override is None else segments_override
+    if N % G:
+        raise ValueError(f"segments={G} does not divide the {N} chunks")
+    return Blocks(c=c, bt=tile(c, D), bv=bv, bd=bv, segments=G, grad_kernels=grad_kernels(D))
+
+
+def fused_blocks(B: int, T: int, H: int, D: int, c: int) -> Blocks:
+    """The launch shape of the single-pass kernels (no segments)."""
+    del B, T, H
+    bv = value_block(D)
+    return Blocks(
+        c=c, bt=tile(c, D), bv=bv, bd=bv, segments=1, grad_kernels=grad_kernels(D, "fused")
+    )
+
+
+# num_warps per kernel, by padded head dim (compiled register counts in docs/design.md).
+_WARPS = {
+    "fwd_h": {16: 4, 32: 4, 64: 4, 128: 4},
+    "fwd_o": {16: 4, 32: 4, 64: 4, 128: 4},
+    "bwd_dh": {16: 4, 32: 4, 64: 4, 128: 8},
+    "bwd_dqkv": {16: 8, 32: 8, 64: 8, 128: 8},
+    "bwd_dq": {16: 8, 32: 8, 64: 8, 128: 8},
+    "bwd_dkv": {16: 8, 32: 8, 64: 8, 128: 8},
+    "bwd_dk": {16: 8, 32: 8, 64: 8, 128: 8},
+    "bwd_dv": {16: 8, 32: 8, 64: 8, 128: 8},
+    "fused_fwd": {16: 4, 32: 4, 64: 4, 128: 8},
+    "fused_bwd_dq": {16: 8, 32: 8, 64: 8, 128: 8},
+    "fused_bwd_dkv": {16: 8, 32: 8, 64: 8, 128: 8},
+    "fused_bwd_dk": {16: 8, 32: 8, 64: 8, 128: 8},
+    "fused_bwd_dv": {16: 8, 32: 8, 64: 8, 128: 8},
+}
+
+
+def num_warps(kernel: str, D: int) -> int:
+    table = _WARPS[kernel]
+    return table[min(table, key=lambda d: (d < D, abs(math.log2(d) - math.log2(D))))]
+
+
+# Software-pipelining depth of the loops (Triton's num_stages) per kernel.
+_STAGES = {k: 2 for k in _WARPS}
+
+
+def compiler_params(kernel: str, D: int, blocks: Blocks):
+    from jax.experimental.pallas import triton as plgpu
+
+    del blocks
+    return plgpu.CompilerParams(num_warps=num_warps(kernel, D), num_stages=_STAGES[kernel])
