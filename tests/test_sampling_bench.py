@@ -18,7 +18,9 @@ def test_kv_cache_grows_with_context_and_recurrent_state_does_not(tmp_path):
     # Measured here: KV ~0.8-1.1, recurrent ~0.0 (flat). A KV cache is O(context) per token, so
     # its slope tends to 1 once the attention dominates; the recurrent state is O(D^2).
     assert kv > 0.45, data["slopes"]
-    assert abs(rec) < 0.2, data["slopes"]
+    # One-sided: the state's per-token cost must not grow; a loaded machine slowing the first
+    # context only tilts the fit downwards.
+    assert rec < 0.2, data["slopes"]
     assert kv - rec > 0.4, data["slopes"]
     assert len(data["rows"]) == 8 and all(len(r["times_ms"]) == 15 for r in data["rows"])
     assert (tmp_path / path.name.replace(".json", ".md")).read_text().count("|") > 10
