@@ -204,7 +204,9 @@ def test_decoder_steps_and_prefills_equal_the_full_pass(name):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", ["LT_chunked", "LT_state_parallel"])
 def test_gradients_stay_finite_with_gamma_1e3_over_64k_positions(name, dtype):
-    Tl, Hl, Dl = 65536, 1, 16
+    # The state-parallel form keeps every [D, D] prefix state: a narrow head keeps it cheap (the
+    # underflow is in the log-gates' sums, not in D).
+    Tl, Hl, Dl = 65536, 1, 16 if name == "LT_chunked" else 4
     rng = np.random.default_rng(5)
     q, k, v = (jnp.asarray(rng.standard_normal((1, Tl, Hl, Dl)), dtype) for _ in range(3))
     log_gate = jnp.full((1, Tl, Hl), np.log(1e-3), jnp.float32)
