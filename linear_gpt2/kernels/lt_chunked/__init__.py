@@ -39,6 +39,24 @@ shape); the two names force one. The interface, for both: :func:`chunked_attenti
 
 Residuals of the ``custom_vjp``: phi(q), phi(k), v, y, den and the initial state: O(T D); the
 backward recomputes the per-chunk states (one more state pass) rather than keeping T/c D^2.
+
+**Forgetting** (issue 14: document resets, decay gates; chunk-parallel design only). XLA
+prepares b ``[B, T, H]`` float32, the cumulative log-gates *within each chunk*, and s ``[B, T]``
+int32, the document index within the chunk (:func:`forgetting`); the kernels build every weight
+from them (``tiles``). Per-chunk carries [no reset in the chunk] e^{b_last} give the decayed
+segment prefix (an associative scan of (carry product, state) pairs over the G segments,
+:func:`_decayed_bases`, and its reverse, :func:`_decayed_dbases`) and each chunk's factor of its
+segment's base (:func:`chunk_factors`). The log-gate gradient: the weights depend on b_i only
+through phi(q_i) e^{b_i} and phi(k_i) e^{-b_i} and, at the chunk's last row, through the state
+leaving the chunk, so
+
+    d b_i = phi(q_i) . dphi(q_i) - phi(k_i) . dphi(k_i)
+            + [i = last] (sum_j out_j d out_j + carry <dS_after, S_in> + carry <dz_after, z_in>)
+
+(the first line summed in float32 by the gradient kernels, the chunk sums in XLA:
+:func:`log_gate_cotangent`), equal to the per-tile rowsum(dA o A) - colsum(dA o A) plus the
+state terms; d(log_gate) is its transpose through the chunk-local cumsum (autodiff: a reverse
+cumsum within each chunk). Without log-gates (resets only) none of it is computed.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ of the final state + the totals of segments g+1..G-1 (an exact suffix over segme
 cotangent of the initial state is that plus segment 0's total.
 
 Reads phi(Q), dY (input dtype) and r, delta; per chunk one [D, c] x [c, BV] dot.
+
+With forgetting it reads b and s as ``fwd_h`` does: dS = carry_n dS + (into phi(Q_n))^T g_n,
+each query row weighted by ``tiles.into`` (its weight on the entering state), the carry as in
+the forward pass; the segment cotangent bases follow the decayed suffix (``__init__``).
 """
 
 from __future__ import annotations

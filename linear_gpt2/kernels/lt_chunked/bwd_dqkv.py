@@ -23,6 +23,14 @@ programs per tile, each recomputing the [bt, bt] scores A and dA, which contract
 and loading only its rows / columns of the [D, D] states: the price of staying under 255
 registers). Each state is loaded where it is used, not live across the other phase.
 
+With forgetting the kernels also read the chunk's b, s and the segment bases' per-chunk factors
+(``decay``, ``rdecay`` ``[B, H, N]``), weight A and dA by the pair weights, the state's part of
+dphi(Q) by ``tiles.into`` and that of dphi(K), dV by ``tiles.out``, and (with log-gates) write per
+row, float32 ``[B, H, D/bd, T]``: gb = phi(q).dphi(q) - phi(k).dphi(k) over the block's columns
+(before rounding) and, from the dphi(K) kernel, od = out_j phi(k_j) . (v_j dS^T + dz), the
+terms from which ``__init__.log_gate_cotangent`` forms d b. With forgetting the gradients run as
+three kernels (dq, dk, dv) at every D: with the pair weights live, two spill.
+
 Which gradients one kernel computes is ``plan.Blocks.grad_kernels``: all three in one kernel
 where that compiles without spills (D <= 64: the fewest bytes, since every input is read once),
 ``dq`` and ``dk, dv`` in two kernels where it would not (D = 128; each re-reads the chunk's

@@ -20,6 +20,12 @@ not read. Splitting the sequence gives the pass G times more programs (``plan``:
 fill the H100's 132 SMs at batch 1) at the price of G [D, D] totals.
 
 Reads phi(K), V once ([B, T, H, D], input dtype); per chunk, one [D, c] x [c, BV] dot.
+
+With forgetting (issue 14) it also reads b ``[B, T, H]`` float32 (chunk-local cumulative
+log-gates) and s ``[B, T]`` int32 (document index within the chunk): per chunk it scales the
+carried S, z by ``tiles.carry`` = [no reset in the chunk] e^{b_last} and weights each key row by
+``tiles.out`` = [same document as the chunk's last row] e^{b_last - b_j} before the dot. It
+writes the same arrays; the segment bases then follow a decayed prefix (``__init__``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ and z likewise (the state entering the chunk, from ``fwd_h``):
 Reads phi(Q) (its tile), phi(K) and V (the tiles of its chunk up to p), h[n], z[n] (and the
 segment base when there is one); writes Y ``[B, T, H, D]`` (input dtype) and den
 ``[B, H, T]`` float32 (value block 0), the residual the backward pass needs.
+
+With forgetting it also reads the chunk's b and s (``fwd_h``) and, with a segment base, the
+chunk's factor of it (``decay`` ``[B, H, N]``: the carries of the segment's earlier chunks):
+S = h[n] + decay_n base[g]; the state's part of row i is weighted by ``tiles.into`` = [no reset
+in the chunk up to i] e^{b_i}, the scores by the pair weights (``tiles.weighted``).
 """
 
 from __future__ import annotations

@@ -6,12 +6,15 @@ the diagonal are all masked and never computed). Everything a kernel does inside
 through the functions here:
 
 - :func:`weighted` is the *one* place that says which (query, key) pairs of a chunk interact
-  and with what weight: the causal mask today. Per-position decay gates and document resets
-  (issue 14) multiply a [c, c] decay/segment factor in here, and every kernel picks it up:
-  the forward scores (:func:`scores`) and the backward score cotangents
+  and with what weight: the causal mask, and with forgetting (issue 14, a :class:`Gate` of the
+  query and key rows) the same-document mask and the decay products e^{b_i - b_j}. Every kernel
+  picks it up: the forward scores (:func:`scores`) and the backward score cotangents
   (:func:`score_cotangents`) both go through it.
-- :func:`chunk_scale` is the factor the carried state is multiplied by while it passes a chunk
-  (1 today; the chunk's cumulative decay with gates).
+- :func:`into`, :func:`out`, :func:`carry`: with forgetting, the weight of the state entering
+  the chunk per row, of each key row in the state leaving it, and the factor of the state across
+  it (:func:`chunk_scale`, 1, without forgetting). All from the chunk-local cumulative
+  log-gates b and the document index s within the chunk; every exponent is masked before exp
+  and is <= 0.
 
 Precision: every dot between two sequence tiles takes its operands in the input dtype (phi(q),
 phi(k), v, the scores A, and in the backward pass the cotangents g and dA too, rounded to the
