@@ -2,13 +2,14 @@
 decay gates inside ``pallas_chunk`` (interpret mode on CPU; tests/test_target.py compiles them
 for the H100).
 
-Against the float64 recurrence of tests/test_attention_forget.py (values and the gradients
-with respect to q, k, v and the log-gates), and against the XLA oracle
+Against the float64 recurrence of tests/test_attention_forget.py (as a ``lax.scan``, jitted;
+values and the gradients with respect to q, k, v and the log-gates), and against the XLA oracle
 (``attention.lt_chunked.chunked_linear_attention`` with ``linear.Forget``) with an initial and
 a final state. The cases put resets at a chunk's first and last position, several in one chunk,
 at position 0, none in a row (a document longer than the row); T odd (padded), D = 8 (padded),
-64 and 128 (three gradient kernels, 32-row tiles), c = 16 ... 128 (two row tiles per chunk at
-c = 128), the sequence split into 1, 2 and 4 segments (the decayed segment prefix).
+32, 64 and 128 (D = 128: 32-row tiles, two column blocks), c = 16 ... 128 (two row tiles per
+chunk at c = 128); the gradient kernels in one, two or three (three: the plan's with
+forgetting); the sequence split into 1, 2 and 4 segments (the decayed segment prefix).
 
 Tolerances as tests/test_kernels.py: float32 1e-5 for outputs and 1e-4 for gradients
 (measured <= 1e-6); bfloat16 against the float32 oracle on the same rounded inputs 1e-2 / 2e-2.
@@ -26,7 +27,6 @@ from linear_gpt2.attention import linear, lt_chunked
 from linear_gpt2.kernels import lt_chunked as chunked_kernels
 from linear_gpt2.kernels.lt_chunked import plan
 from tests.helpers import rel_err
-from tests.test_attention_forget import reference, reference_vjp
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
@@ -87,9 +87,9 @@ CASES = [  # shape, c, resets in row 0, decay, segments (None: the plan's), grad
     ((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", 1, (("dq", "dk", "dv"),)),
     ((2, 61, 3, 8), 16, (0, 31, 32, 33), "fixed", 2, (("dq",), ("dk", "dv"))),
     ((2, 61, 3, 8), 16, (16, 31, 35), "none", 2, None),  # resets only
-    ((1, 100, 2, 64), 32, (0, 31, 32, 50, 51, 52), "gate", 2, None),
+    ((1, 100, 1, 64), 32, (0, 31, 32, 50, 51, 52), "gate", 2, None),
     ((1, 128, 1, 128), 64, (63, 64, 100), "gate", None, None),
-    ((1, 256, 1, 64), 128, (127, 130), "gate", 1, None),
+    ((1, 256, 1, 32), 128, (127, 130), "gate", 1, None),  # 2 row tiles
 ]
 
 
@@ -126,8 +126,8 @@ def test_registry_kernel_equals_the_float64_recurrence():
     kernels (no fallback warning) and equals the loop of tests/test_attention_forget.py."""
     import warnings
 
-    shape = (2, 48, 3, 8)
-    q, k, v, dy, log_gate, resets = make(shape, (16, 31, 35, 38, 40))
+    shape = (2, 32, 1, 8)
+    q, k, v, dy, log_gate, resets = make(shape, (15, 16, 20))
     fn = attention.get("LT_chunked", chunk_size=16, kernel="pallas", eps=EPS)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -135,9 +135,8 @@ def test_registry_kernel_equals_the_float64_recurrence():
             lambda q, k, v, g: fn(q, k, v, resets=jnp.asarray(resets), log_gate=g),
             q, k, v, log_gate,
         )  # fmt: skip
-    ref = reference(*(x.astype(np.float64) for x in (q, k, v, log_gate)), resets, "softplus")
+    ref, ref_grads = reference_grads(q, k, v, log_gate, resets, dy)
     assert rel_err(y, ref) <= 1e-5
-    ref_grads = reference_vjp(q, k, v, log_gate, resets, dy, "softplus")
     for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), vjp(jnp.asarray(dy)), ref_grads):
         assert rel_err(g, r64) <= 1e-4, (label, rel_err(g, r64))
 
@@ -229,3 +228,20 @@ def test_pallas_takes_forgetting_through_the_chunk_parallel_kernels():
     fn = attention.get("LT_chunked", chunk_size=16, kernel="pallas_fused_chunk")
     with pytest.raises(NotImplementedError, match="does not support"):
         fn(q, k, v, log_gate=jnp.asarray(log_gate))
+
+
+def test_gate_projection_keeps_bfloat16_inputs_and_float32_precision():
+    """The model's c_gate (``decay: gate``) reads a bfloat16 block input without a float32 copy
+    of it (the memory acceptance at 1M tokens) and still gives x W + b to ~16 bits of W."""
+    from linear_gpt2.model import GateProjection
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 8, 32)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((32, 4)) * 0.1, jnp.float32)
+    b = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    mod = GateProjection(4, b)
+    out = mod.apply({"params": {"kernel": w, "bias": b}}, x)
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
+    assert out.dtype == jnp.float32 and rel_err(out, exact) <= 1e-4
+    jaxpr = str(jax.make_jaxpr(lambda x: mod.apply({"params": {"kernel": w, "bias": b}}, x))(x))
+    assert "bf16[2,8,32]" in jaxpr and "f32[2,8,32]" not in jaxpr
