@@ -245,3 +245,21 @@ def test_gate_projection_keeps_bfloat16_inputs_and_float32_precision():
     assert out.dtype == jnp.float32 and rel_err(out, exact) <= 1e-4
     jaxpr = str(jax.make_jaxpr(lambda x: mod.apply({"params": {"kernel": w, "bias": b}}, x))(x))
     assert "bf16[2,8,32]" in jaxpr and "f32[2,8,32]" not in jaxpr
+
+
+def test_decoder_prefill_with_forgetting_through_the_kernels():
+    """The decoder's prefill (``kernel=pallas``) continues a state through resets and gates with
+    the chunk-parallel kernels, equal to the XLA prefill: outputs and the state it returns."""
+    shape = (2, 40, 1, 16)
+    q, k, v, _, log_gate, resets = make(shape, (0, 17, 31))
+    args = [jnp.asarray(x) for x in (q, k, v)]
+    kw = dict(log_gate=jnp.asarray(log_gate), resets=jnp.asarray(resets))
+    out = {}
+    for kernel in ("pallas", "xla"):
+        dec = linear.make_decoder(chunk_size=16, kernel=kernel, eps=EPS)
+        state = dec.init(2, 1, 16)
+        _, state = dec.prefill(state, *(x[:, :8] for x in args))  # a state to continue from
+        part = {n: a[:, 8:] for n, a in kw.items()}
+        out[kernel] = dec.prefill(state, *(x[:, 8:] for x in args), **part)
+    (y, (S, z)), (y_x, (S_x, z_x)) = out["pallas"], out["xla"]
+    assert rel_err(y, y_x) <= 1e-5 and rel_err(S, S_x) <= 1e-5 and rel_err(z, z_x) <= 1e-5
