@@ -474,29 +474,54 @@ def compile_attention(
     backward: bool = True,
     kernels: bool = True,
     fail_on_spill: bool = False,
+    resets: bool = False,
+    log_gate: bool = False,
     **options: Any,
 ) -> CompileReport:
     """Compile attention ``name`` alone at q, k, v ``shape`` = ``[B, T, H, D]``: forward, or
-    forward + backward (a VJP with a cotangent), for ``target``."""
+    forward + backward (a VJP with a cotangent), for ``target``. ``resets`` / ``log_gate``:
+    with forgetting (issue 14), document starts bool ``[B, T]`` and log-gates float32
+    ``[B, T, H]`` as further inputs (the backward differentiates the log-gates too)."""
     import jax.numpy as jnp
 
     from linear_gpt2 import attention
 
     fn = attention.get(name, **options)
-    x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=replicated(target))
+    rep = replicated(target)
+    x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rep)
+    B, T, H, _ = shape
+    extra: tuple[Any, ...] = ()
+    if resets:
+        extra += (jax.ShapeDtypeStruct((B, T), jnp.bool_, sharding=rep),)
+    if log_gate:
+        extra += (jax.ShapeDtypeStruct((B, T, H), jnp.float32, sharding=rep),)
+
+    def call(q, k, v, *forget):
+        kw = {}
+        if resets:
+            kw["resets"] = forget[0]
+        if log_gate:
+            kw["log_gate"] = forget[-1]
+        return fn(q, k, v, **kw)
+
     if backward:
 
-        def f(q, k, v, dy):
-            y, vjp = jax.vjp(fn, q, k, v)
+        def f(q, k, v, dy, *forget):
+            r, g = (forget[:1], forget[1:]) if resets else ((), forget)
+            y, vjp = jax.vjp(lambda q, k, v, *g: call(q, k, v, *r, *g), q, k, v, *g)
             return y, vjp(dy)
 
-        args: tuple[Any, ...] = (x, x, x, x)
+        args: tuple[Any, ...] = (x, x, x, x, *extra)
     else:
-        f, args = fn, (x, x, x)
+        f, args = call, (x, x, x, *extra)
     opts = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
     what = f"{name} {'forward+backward' if backward else 'forward'} {list(shape)} {dtype}" + (
         f" ({opts})" if opts else ""
     )
+    if resets or log_gate:
+        what += " with " + " and ".join(
+            w for w, on in (("resets", resets), ("log-gates", log_gate)) if on
+        )
     out = compile_program(
         jax.jit(f), args, target, kernels=kernels, fail_on_spill=fail_on_spill, what=what
     )

@@ -217,7 +217,7 @@ def test_initial_state_and_final_state(kernel, shape, c):
     ],
 )
 def test_segments_and_gradient_kernel_splits(kernel, segments, grads, monkeypatch):
-    monkeypatch.setattr(plan, "grad_kernels", lambda D, design="chunk": grads)
+    monkeypatch.setattr(plan, "grad_kernels", lambda D, design="chunk", forget=False: grads)
     if segments == "one":
         monkeypatch.setattr(plan, "segments", lambda *a, **k: 1)
     elif segments == "every chunk":

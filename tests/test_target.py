@@ -148,6 +148,23 @@ def test_every_pallas_kernel_compiles_without_spills(kernel, D, c):
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
+FORGET_KERNELS = {"fwd_h", "fwd_o", "bwd_dh", "bwd_dq", "bwd_dk", "bwd_dv"}
+
+
+@pytest.mark.parametrize("c", [64, 128])
+@pytest.mark.parametrize("D", [64, 128])
+def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D, c):
+    """Issue 14: with resets and decay gates ``kernel=pallas`` is the chunk-parallel design, its
+    gradient kernels apart (dq, dk, dv: together they spill with the pair weights), forward and
+    backward through the log-gates, without spills and within shared memory."""
+    r = target.compile_attention(
+        "LT_chunked", (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True, chunk_size=c,
+        kernel="pallas", resets=True, log_gate=True,
+    )  # fmt: skip
+    assert _names(r, "lt_chunked_") == FORGET_KERNELS
+    assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+
+
 @pytest.mark.parametrize("T", [16384, 131072])
 def test_chunk_parallel_kernels_fill_the_h100_at_batch_1(T):
     """B = 1, H = 12, D = 64 (the post's timing setting): kernel=pallas picks the chunk-parallel

@@ -220,8 +220,9 @@ def make_decoder(
     - ``prefill(state, q, k, v, *, log_gate=None, resets=None)``, q, k, v ``[B, T, H, D]``: the
       chunked form (``LT_chunked``) started from ``state``, with chunks of ``chunk_size``; T need
       not be a multiple of it. With ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto``
-      compiling for a GPU), a power-of-two chunk size >= 16 and no resets or gates, the Pallas
-      kernels run it (from the state, returning the final state); otherwise the XLA form.
+      compiling for a GPU) and a power-of-two chunk size >= 16, the Pallas kernels run it (from
+      the state, returning the final state; with resets or gates the chunk-parallel ones, the
+      single pass taking none); otherwise the XLA form.
     """
     phi = check_feature_map(feature_map)
     if chunk_size == "auto":
@@ -255,12 +256,13 @@ def make_decoder(
         T = q.shape[1]
         fq, fk = features(q, k, phi)
         fused = _prefill_kernel(kernel, chunk_size)
-        if fused is not None and log_gate is None and resets is None:
+        forgets = log_gate is not None or resets is not None
+        if fused is not None and not (forgets and fused == "pallas_fused_chunk"):
             from linear_gpt2.kernels import lt_chunked as lt_chunked_kernels
 
             y, state = lt_chunked_kernels.chunked_attention(
                 fq, fk, v.astype(q.dtype), chunk_size, eps, initial_state=state,
-                return_final_state=True, kernel=fused,
+                return_final_state=True, kernel=fused, log_gate=log_gate, resets=resets,
             )  # fmt: skip
             return y.astype(q.dtype), state
         c = min(chunk_size, T)

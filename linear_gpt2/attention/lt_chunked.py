@@ -205,7 +205,7 @@ def make(
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
         impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size, q.shape[-1])
-        if forget is not None and impl != "xla":
+        if forget is not None and impl not in ("xla", "pallas", "pallas_chunk"):
             impl = kernels.forget_fallback(kernel, impl, "LT_chunked")
         c = chunk_size
         if c == "auto":
@@ -216,6 +216,14 @@ def make(
             )
         check_chunk_size(q.shape[1], c)
         fq, fk = linear.features(q, k, phi)
+        if impl != "xla" and forget is not None:  # the chunk-parallel kernels forget
+            from linear_gpt2.kernels import lt_chunked as lt_chunked_kernels
+
+            y = lt_chunked_kernels.chunked_attention(
+                fq, fk, v.astype(q.dtype), c, eps, kernel=impl, log_gate=forget.log_gate,
+                resets=forget.resets,
+            )  # fmt: skip
+            return y.astype(q.dtype)
         if impl != "xla":
             return _fused(impl)(fq, fk, v.astype(q.dtype), c, eps).astype(q.dtype)
         (num, den), _ = chunked_linear_attention(fq, fk, v, c, forget=forget)

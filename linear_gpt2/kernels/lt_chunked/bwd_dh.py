@@ -20,6 +20,10 @@ of the final state + the totals of segments g+1..G-1 (an exact suffix over segme
 cotangent of the initial state is that plus segment 0's total.
 
 Reads phi(Q), dY (input dtype) and r, delta; per chunk one [D, c] x [c, BV] dot.
+
+With forgetting it reads b and s as ``fwd_h`` does: dS = carry_n dS + (into phi(Q_n))^T g_n,
+each query row weighted by ``tiles.into`` (its weight on the entering state), the carry as in
+the forward pass; the segment cotangent bases follow the decayed suffix (``__init__``).
 """
 
 from __future__ import annotations
@@ -38,19 +42,27 @@ from linear_gpt2.kernels.lt_chunked import tiles
 F32 = jnp.float32
 
 
-def add_tile(fq_ref, dy_ref, r_ref, delta_ref, start, bt, p, carry):
-    """The cotangent plus row tile p's queries: dS + phi(Q)^T g, dz - phi(Q)^T delta."""
+def add_tile(fq_ref, dy_ref, r_ref, delta_ref, start, bt, p, carry, *, gate=None):
+    """The cotangent plus row tile p's queries: dS + phi(Q)^T g, dz - phi(Q)^T delta; with
+    forgetting (``gate`` = (b_ref, s_ref)) each query row weighted by ``tiles.into``, the weight
+    with which it read the state entering the chunk."""
     dS, dz = carry
     rows = pl.ds(start + p * bt, bt)
     q = fq_ref[rows, :]
-    g = tiles.cotangent_rows(dy_ref[rows, :], r_ref[rows]).astype(q.dtype)
     q32 = q.astype(F32)
+    if gate is not None:
+        q32 = q32 * tiles.into(tiles.gate_rows(*gate, rows))[:, None]
+        q = q32.astype(q.dtype)
+    g = tiles.cotangent_rows(dy_ref[rows, :], r_ref[rows]).astype(q.dtype)
     return dS + tiles.dot(q.T, g), dz - jnp.sum(q32 * delta_ref[rows][:, None], axis=0)
 
 
-def _kernel(fq_ref, dy_ref, r_ref, delta_ref, dh_ref, dz_ref, dht_ref, dzt_ref, *, c, bt, L):
-    """fq ``[L c, D]``, dy ``[L c, BV]``, r and delta ``[L c]`` (the segment); dh ``[L, D, BV]``,
-    dz ``[L, D]``, dht ``[D, BV]``, dzt ``[D]``."""
+def _kernel(*refs, c, bt, L, forget: bool):
+    """fq ``[L c, D]``, dy ``[L c, BV]``, r and delta ``[L c]`` (the segment), (b, s ``[L c]``);
+    dh ``[L, D, BV]``, dz ``[L, D]``, dht ``[D, BV]``, dzt ``[D]``."""
+    fq_ref, dy_ref, r_ref, delta_ref = refs[:4]
+    gate = tuple(refs[4:6]) if forget else None
+    dh_ref, dz_ref, dht_ref, dzt_ref = refs[-4:]
     first_block = pl.program_id(3) == 0
     D, BV = fq_ref.shape[-1], dy_ref.shape[-1]
 
@@ -63,8 +75,11 @@ def _kernel(fq_ref, dy_ref, r_ref, delta_ref, dh_ref, dz_ref, dht_ref, dzt_ref, 
         def _():
             dz_ref[n] = dz
 
-        scale = tiles.chunk_scale(n)
-        add = partial(add_tile, fq_ref, dy_ref, r_ref, delta_ref, n * c, bt)
+        if forget:
+            scale = tiles.carry(*tiles.last(*gate, n * c + c - 1))
+        else:
+            scale = tiles.chunk_scale(n)
+        add = partial(add_tile, fq_ref, dy_ref, r_ref, delta_ref, n * c, bt, gate=gate)
         return tiles.loop(0, c // bt, add, (dS * scale, dz * scale))
 
     dS, dz = lax.fori_loop(0, L, chunk, (jnp.zeros((D, BV), F32), jnp.zeros((D,), F32)))
@@ -75,10 +90,11 @@ def _kernel(fq_ref, dy_ref, r_ref, delta_ref, dh_ref, dz_ref, dht_ref, dzt_ref, 
         dzt_ref[...] = dz
 
 
-def chunk_bwd_dh(fq, dy, r, delta, blocks: plan_lib.Blocks):
+def chunk_bwd_dh(fq, dy, r, delta, blocks: plan_lib.Blocks, b=None, s=None):
     """``(dh [B, H, N, D, D], dz [B, H, N, D], dht [B, H, G, D, D], dzt [B, H, G, D])``,
     float32: segment-local cotangents of the state after each chunk and each segment's total.
-    fq, dy ``[B, T, H, D]``; r, delta ``[B, H, T]`` float32."""
+    fq, dy ``[B, T, H, D]``; r, delta ``[B, H, T]`` float32; with forgetting b ``[B, T, H]``
+    float32 and s ``[B, T]`` int32 as in ``fwd_h``."""
     B, T, H, D = fq.shape
     c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
     N = T // c
@@ -86,10 +102,18 @@ def chunk_bwd_dh(fq, dy, r, delta, blocks: plan_lib.Blocks):
     seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
     seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))
     rows = pl.BlockSpec((None, None, L * c), lambda g, b, h, iv: (b, h, g))
+    in_specs, args = [seg, seg_v, rows, rows], [fq, dy, r, delta]
+    forget = b is not None
+    if forget:
+        in_specs += [
+            pl.BlockSpec((None, L * c, None), lambda g, b, h, iv: (b, g, h)),
+            pl.BlockSpec((None, L * c), lambda g, b, h, iv: (b, g)),
+        ]
+        args += [b, s]
     return pl.pallas_call(
-        partial(_kernel, c=c, bt=bt, L=L),
+        partial(_kernel, c=c, bt=bt, L=L, forget=forget),
         grid=(G, B, H, D // BV),
-        in_specs=[seg, seg_v, rows, rows],
+        in_specs=in_specs,
         out_specs=[
             pl.BlockSpec((None, None, L, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
             pl.BlockSpec((None, None, L, D), lambda g, b, h, iv: (b, h, g, 0)),
@@ -105,4 +129,4 @@ def chunk_bwd_dh(fq, dy, r, delta, blocks: plan_lib.Blocks):
         compiler_params=plan_lib.compiler_params("bwd_dh", D, blocks),
         interpret=kernels.interpret(),
         name="lt_chunked_bwd_dh",
-    )(fq, dy, r, delta)
+    )(*args)

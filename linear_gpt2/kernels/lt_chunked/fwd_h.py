@@ -20,6 +20,12 @@ not read. Splitting the sequence gives the pass G times more programs (``plan``:
 fill the H100's 132 SMs at batch 1) at the price of G [D, D] totals.
 
 Reads phi(K), V once ([B, T, H, D], input dtype); per chunk, one [D, c] x [c, BV] dot.
+
+With forgetting (issue 14) it also reads b ``[B, T, H]`` float32 (chunk-local cumulative
+log-gates) and s ``[B, T]`` int32 (document index within the chunk): per chunk it scales the
+carried S, z by ``tiles.carry`` = [no reset in the chunk] e^{b_last} and weights each key row by
+``tiles.out`` = [same document as the chunk's last row] e^{b_last - b_j} before the dot. It
+writes the same arrays; the segment bases then follow a decayed prefix (``__init__``).
 """
 
 from __future__ import annotations
@@ -38,17 +44,28 @@ from linear_gpt2.kernels.lt_chunked import tiles
 F32 = jnp.float32
 
 
-def add_tile(fk_ref, v_ref, start, bt, p, carry):
-    """The state plus row tile p of the chunk starting at ``start``: S + phi(K)^T V, z + phi(K)^T 1."""
+def add_tile(fk_ref, v_ref, start, bt, p, carry, *, gate=None):
+    """The state plus row tile p of the chunk starting at ``start``: S + phi(K)^T V, z + phi(K)^T 1;
+    with forgetting (``gate`` = (b_ref, s_ref, b_last, s_last)) each key row weighted by
+    ``tiles.out``, its weight in the state leaving the chunk."""
     S, z = carry
     rows = pl.ds(start + p * bt, bt)
     k = fk_ref[rows, :]
-    return S + tiles.dot(k.T, v_ref[rows, :]), z + jnp.sum(k.astype(F32), axis=0)
+    k32 = k.astype(F32)
+    if gate is not None:
+        b_ref, s_ref, b_last, s_last = gate
+        k32 = k32 * tiles.out(tiles.gate_rows(b_ref, s_ref, rows), b_last, s_last)[:, None]
+        k = k32.astype(k.dtype)
+    return S + tiles.dot(k.T, v_ref[rows, :]), z + jnp.sum(k32, axis=0)
 
 
-def _kernel(fk_ref, v_ref, h_ref, z_ref, ht_ref, zt_ref, *, c: int, bt: int, L: int):
-    """fk ``[L c, D]``, v ``[L c, BV]`` (the segment); h ``[L, D, BV]``, z ``[L, D]``,
-    ht ``[D, BV]``, zt ``[D]``."""
+def _kernel(*refs, c: int, bt: int, L: int, forget: bool):
+    """fk ``[L c, D]``, v ``[L c, BV]`` (the segment), (b ``[L c]``, s ``[L c]``); h ``[L, D, BV]``,
+    z ``[L, D]``, ht ``[D, BV]``, zt ``[D]``."""
+    if forget:
+        fk_ref, v_ref, b_ref, s_ref, h_ref, z_ref, ht_ref, zt_ref = refs
+    else:
+        fk_ref, v_ref, h_ref, z_ref, ht_ref, zt_ref = refs
     first_block = pl.program_id(3) == 0
     D, BV = fk_ref.shape[-1], v_ref.shape[-1]
 
@@ -60,10 +77,15 @@ def _kernel(fk_ref, v_ref, h_ref, z_ref, ht_ref, zt_ref, *, c: int, bt: int, L: 
         def _():
             z_ref[n] = z
 
-        scale = tiles.chunk_scale(n)
-        return tiles.loop(
-            0, c // bt, partial(add_tile, fk_ref, v_ref, n * c, bt), (S * scale, z * scale)
-        )
+        gate = None
+        if forget:
+            b_last, s_last = tiles.last(b_ref, s_ref, n * c + c - 1)
+            scale = tiles.carry(b_last, s_last)
+            gate = (b_ref, s_ref, b_last, s_last)
+        else:
+            scale = tiles.chunk_scale(n)
+        add = partial(add_tile, fk_ref, v_ref, n * c, bt, gate=gate)
+        return tiles.loop(0, c // bt, add, (S * scale, z * scale))
 
     S, z = lax.fori_loop(0, L, chunk, (jnp.zeros((D, BV), F32), jnp.zeros((D,), F32)))
     ht_ref[...] = S
@@ -73,20 +95,29 @@ def _kernel(fk_ref, v_ref, h_ref, z_ref, ht_ref, zt_ref, *, c: int, bt: int, L: 
         zt_ref[...] = z
 
 
-def chunk_fwd_h(fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks):
+def chunk_fwd_h(fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks, b=None, s=None):
     """``(h [B, H, N, D, D], z [B, H, N, D], ht [B, H, G, D, D], zt [B, H, G, D])``, float32:
     segment-local states entering each chunk and each segment's total. fk, v ``[B, T, H, D]``,
-    T = N c, D a power of two."""
+    T = N c, D a power of two; with forgetting b ``[B, T, H]`` float32 (chunk-local cumulative
+    log-gates) and s ``[B, T]`` int32 (document index within the chunk)."""
     B, T, H, D = fk.shape
     c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
     N = T // c
     L = N // G
     seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
     seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))
+    in_specs, args = [seg, seg_v], [fk, v]
+    forget = b is not None
+    if forget:
+        in_specs += [
+            pl.BlockSpec((None, L * c, None), lambda g, b, h, iv: (b, g, h)),
+            pl.BlockSpec((None, L * c), lambda g, b, h, iv: (b, g)),
+        ]
+        args += [b, s]
     return pl.pallas_call(
-        partial(_kernel, c=c, bt=bt, L=L),
+        partial(_kernel, c=c, bt=bt, L=L, forget=forget),
         grid=(G, B, H, D // BV),
-        in_specs=[seg, seg_v],
+        in_specs=in_specs,
         out_specs=[
             pl.BlockSpec((None, None, L, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
             pl.BlockSpec((None, None, L, D), lambda g, b, h, iv: (b, h, g, 0)),
@@ -102,4 +133,4 @@ def chunk_fwd_h(fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks):
         compiler_params=plan_lib.compiler_params("fwd_h", D, blocks),
         interpret=kernels.interpret(),
         name="lt_chunked_fwd_h",
-    )(fk, v)
+    )(*args)

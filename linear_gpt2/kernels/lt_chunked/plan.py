@@ -69,25 +69,35 @@ def tile(c: int, D: int) -> int:
     return min(c, MAX_TILE, max(16, 4096 // D))
 
 
-def grad_kernels(D: int, design: str = "chunk") -> tuple[tuple[str, ...], ...]:
+def grad_kernels(
+    D: int, design: str = "chunk", forget: bool = False
+) -> tuple[tuple[str, ...], ...]:
     """How the backward splits dphi(q), dphi(k), dv over kernels (compiled register counts in
     docs/design.md). Chunk-parallel: one kernel up to D = 64 (every input read once), dq and
-    (dk, dv) apart at D = 128, where one kernel spills. Single pass: dq walks forward, dk and dv
-    walk in reverse, each carrying only the state slice it reads (together they spill)."""
-    if design == "fused":
+    (dk, dv) apart at D = 128, where one kernel spills. With forgetting (the [bt, bt] pair
+    weights live besides the scores) dq, dk and dv apart at every D: together they spill.
+    Single pass: dq walks forward, dk and dv walk in reverse, each carrying only the state slice
+    it reads (together they spill)."""
+    if design == "fused" or forget:
         return (("dq",), ("dk",), ("dv",))
     return (("dq", "dk", "dv"),) if D <= 64 else (("dq",), ("dk", "dv"))
 
 
-def blocks(B: int, T: int, H: int, D: int, c: int, *, segments_override: int | None = None):
+def blocks(
+    B: int, T: int, H: int, D: int, c: int, *, segments_override: int | None = None,
+    forget: bool = False,
+):  # fmt: skip
     """The launch shape of the chunk-parallel kernels for ``[B, T, H, D]`` inputs (T a multiple
-    of c, D a power of two)."""
+    of c, D a power of two), with forgetting (resets / decay gates) or not."""
     bv = value_block(D)
     N = T // c
     G = segments(B, H, N, D // bv) if segments_override is None else segments_override
     if N % G:
         raise ValueError(f"segments={G} does not divide the {N} chunks")
-    return Blocks(c=c, bt=tile(c, D), bv=bv, bd=bv, segments=G, grad_kernels=grad_kernels(D))
+    return Blocks(
+        c=c, bt=tile(c, D), bv=bv, bd=bv, segments=G,
+        grad_kernels=grad_kernels(D, forget=forget),
+    )  # fmt: skip
 
 
 def fused_blocks(B: int, T: int, H: int, D: int, c: int) -> Blocks:

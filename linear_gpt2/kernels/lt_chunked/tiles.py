@@ -6,12 +6,15 @@ the diagonal are all masked and never computed). Everything a kernel does inside
 through the functions here:
 
 - :func:`weighted` is the *one* place that says which (query, key) pairs of a chunk interact
-  and with what weight: the causal mask today. Per-position decay gates and document resets
-  (issue 14) multiply a [c, c] decay/segment factor in here, and every kernel picks it up:
-  the forward scores (:func:`scores`) and the backward score cotangents
+  and with what weight: the causal mask, and with forgetting (issue 14, a :class:`Gate` of the
+  query and key rows) the same-document mask and the decay products e^{b_i - b_j}. Every kernel
+  picks it up: the forward scores (:func:`scores`) and the backward score cotangents
   (:func:`score_cotangents`) both go through it.
-- :func:`chunk_scale` is the factor the carried state is multiplied by while it passes a chunk
-  (1 today; the chunk's cumulative decay with gates).
+- :func:`into`, :func:`out`, :func:`carry`: with forgetting, the weight of the state entering
+  the chunk per row, of each key row in the state leaving it, and the factor of the state across
+  it (:func:`chunk_scale`, 1, without forgetting). All from the chunk-local cumulative
+  log-gates b and the document index s within the chunk; every exponent is masked before exp
+  and is <= 0.
 
 Precision: every dot between two sequence tiles takes its operands in the input dtype (phi(q),
 phi(k), v, the scores A, and in the backward pass the cotangents g and dA too, rounded to the
@@ -25,6 +28,8 @@ the cotangents in float32: bfloat16 gradients differ from it by the rounding of 
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,19 +51,76 @@ def tile_mask(i, j, bt: int) -> jax.Array:
     return (i * bt + row)[:, None] >= (j * bt + row)[None, :]
 
 
-def weighted(x: jax.Array, i, j, bt: int) -> jax.Array:
+class Gate(NamedTuple):
+    """Forgetting inside a chunk for a tile's rows (issue 14), float32 / int32 ``[bt]``:
+
+    - ``b``: the chunk-local cumulative log-gate, b_i = sum of log gamma from the chunk's first
+      position to i (inclusive; <= 0, decreasing along the chunk);
+    - ``s``: the document index within the chunk (0 = the document the chunk began in, +1 at
+      each reset).
+
+    With them (``weighted``): w_ij = [j <= i, s_i = s_j] e^{b_i - b_j}; the state entering the
+    chunk reaches row i with ``into`` = [s_i = 0] e^{b_i}; key row j reaches the state after the
+    chunk with ``out`` = [s_j = s_last] e^{b_last - b_j}; the state crosses the chunk with
+    ``carry`` = [s_last = 0] e^{b_last}. Every exponent is masked *before* exp and is <= 0."""
+
+    b: jax.Array
+    s: jax.Array
+
+
+def gate_rows(b_ref, s_ref, rows) -> Gate:
+    """The :class:`Gate` of ``rows`` (a ``pl.ds``) from the chunk-local log-gate and document
+    refs."""
+    return Gate(b_ref[rows], s_ref[rows])
+
+
+def into(gate: Gate) -> jax.Array:
+    """``[bt]`` float32: the weight of the state entering the chunk for each row."""
+    return jnp.where(gate.s == 0, jnp.exp(jnp.where(gate.s == 0, gate.b, 0.0)), 0.0)
+
+
+def out(gate: Gate, b_last, s_last) -> jax.Array:
+    """``[bt]`` float32: the weight of each key row in the state leaving the chunk."""
+    keep = gate.s == s_last
+    return jnp.where(keep, jnp.exp(jnp.where(keep, b_last - gate.b, 0.0)), 0.0)
+
+
+def carry(b_last, s_last):
+    """The factor of the state across the whole chunk (a scalar)."""
+    return jnp.where(s_last == 0, jnp.exp(jnp.minimum(b_last, 0.0)), 0.0)
+
+
+def last(b_ref, s_ref, at):
+    """``(b_last, s_last)``: the log-gate and document index of the chunk's last row ``at``."""
+    return b_ref[at], s_ref[at]
+
+
+def weighted(x: jax.Array, i, j, bt: int, gq: Gate | None = None, gk: Gate | None = None):
     """``x`` ``[bt, bt]`` (scores or their cotangents, tile (i, j) of the chunk) times the chunk's
-    pair weights: the causal mask today (``where``, so that a masked inf never becomes NaN).
-    Issue 14's decay products exp(G_a - G_b) and document-segment mask multiply in here."""
-    return jnp.where(tile_mask(i, j, bt), x, 0.0)
+    pair weights: the causal mask (``where``, so that a masked inf never becomes NaN), and with
+    forgetting (``gq``, ``gk``: the query and key rows' :class:`Gate`) the same-document mask and
+    the decay products e^{b_a - b_b}, exponents masked to 0 before exp (all <= 0 where kept)."""
+    mask = tile_mask(i, j, bt)
+    if gq is not None:
+        mask = mask & (gq.s[:, None] == gk.s[None, :])
+        x = x * jnp.exp(jnp.where(mask, gq.b[:, None] - gk.b[None, :], 0.0))
+    return jnp.where(mask, x, 0.0)
 
 
-def scores(q: jax.Array, k: jax.Array, i, j, bt: int) -> jax.Array:
+def scores(q: jax.Array, k: jax.Array, i, j, bt: int, gq=None, gk=None) -> jax.Array:
     """Tile (i, j) of the chunk's weighted scores ``W * (phi(Q) phi(K)^T)``, float32 ``[bt, bt]``."""
-    return weighted(dot(q, k.T), i, j, bt)
+    return weighted(dot(q, k.T), i, j, bt, gq, gk)
 
 
-def score_cotangents(g: jax.Array, v: jax.Array, delta: jax.Array, i, j, bt: int) -> jax.Array:
+def raw_score_cotangents(g: jax.Array, v: jax.Array, delta: jax.Array) -> jax.Array:
+    """``g V^T - delta 1^T`` float32 (g V^T with operands in v's dtype): the cotangent of the
+    weighted scores, before the pair weights."""
+    return dot(g.astype(v.dtype), v.T) - delta[:, None]
+
+
+def score_cotangents(
+    g: jax.Array, v: jax.Array, delta: jax.Array, i, j, bt: int, gq=None, gk=None
+) -> jax.Array:
     """Cotangent of the raw scores of tile (i, j): ``W * (g V^T - delta 1^T)``, float32 (g V^T
     with operands in v's dtype, ``- delta`` in float32).
 
@@ -66,13 +128,12 @@ def score_cotangents(g: jax.Array, v: jax.Array, delta: jax.Array, i, j, bt: int
     the denominator. Numerator and denominator are sums over the same weighted scores, so one
     dA carries both into dphi(q) and dphi(k): the normaliser's gradient is the ``- delta``
     term (the term flash-linear-attention once lost for dk, fla #875)."""
-    return weighted(dot(g.astype(v.dtype), v.T) - delta[:, None], i, j, bt)
+    return weighted(raw_score_cotangents(g, v, delta), i, j, bt, gq, gk)
 
 
 def chunk_scale(n):
-    """Factor the carried state is multiplied by while passing chunk n, S_{n+1} = scale_n S_n +
-    phi(K_n)^T V_n (and the cotangent dS_n = scale_n dS_{n+1} + phi(Q_n)^T g_n): 1, no decay.
-    Issue 14: the chunk's cumulative gate product, from log-space sums in float32."""
+    """Factor the carried state is multiplied by while passing chunk n without forgetting
+    (1); with it, :func:`carry`."""
     del n
     return 1.0
 

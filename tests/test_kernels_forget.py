@@ -1,0 +1,265 @@
+"""The chunk-parallel ``LT_chunked`` kernels with forgetting (issue 14): document resets and
+decay gates inside ``pallas_chunk`` (interpret mode on CPU; tests/test_target.py compiles them
+for the H100).
+
+Against the float64 recurrence of tests/test_attention_forget.py (as a ``lax.scan``, jitted;
+values and the gradients with respect to q, k, v and the log-gates), and against the XLA oracle
+(``attention.lt_chunked.chunked_linear_attention`` with ``linear.Forget``) with an initial and
+a final state. The cases put resets at a chunk's first and last position, several in one chunk,
+at position 0, none in a row (a document longer than the row); T odd (padded), D = 8 (padded),
+32, 64 and 128 (D = 128: 32-row tiles, two column blocks), c = 16 ... 128 (two row tiles per
+chunk at c = 128); the gradient kernels in one, two or three (three: the plan's with
+forgetting); the sequence split into 1, 2 and 4 segments (the decayed segment prefix).
+
+Tolerances as tests/test_kernels.py: float32 1e-5 for outputs and 1e-4 for gradients
+(measured <= 1e-6); bfloat16 against the float32 oracle on the same rounded inputs 1e-2 / 2e-2.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linear_gpt2 import attention
+from linear_gpt2.attention import linear, lt_chunked
+from linear_gpt2.kernels import lt_chunked as chunked_kernels
+from linear_gpt2.kernels.lt_chunked import plan
+from tests.helpers import rel_err
+
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
+
+EPS = 1e-6
+
+
+def make(shape, resets_at, decay="gate", seed=0, dtype=jnp.float32):
+    """q, k, v, dy (dtype), log_gate float32 ``[B, T, H]``, resets bool ``[B, T]`` (row 0 at
+    ``resets_at``, the other rows none)."""
+    rng = np.random.default_rng(seed)
+    q, k, v, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(4))
+    B, T, H, _ = shape
+    if decay == "gate":
+        log_gate = np.log(rng.uniform(0.3, 1.0, (B, T, H))).astype(np.float32)
+    elif decay == "fixed":
+        log_gate = np.broadcast_to(np.log([0.9, 0.97, 0.99][:H]), (B, T, H)).astype(np.float32)
+    else:
+        log_gate = None
+    resets = np.zeros((B, T), bool)
+    resets[0, list(resets_at)] = True
+    if dtype != jnp.float32:  # the reference sees the rounded inputs
+        q, k, v, dy = (np.asarray(jnp.asarray(x, dtype), np.float32) for x in (q, k, v, dy))
+    return q, k, v, dy, log_gate, resets
+
+
+def reference_scan(q, k, v, log_gate, resets):
+    """float64 y ``[B, T, H, D]``: tests/test_attention_forget.py's recurrence (phi = softplus),
+    as a ``lax.scan`` over positions so that it jits (its Python loop is slow at T = 256)."""
+    fq, fk = jax.nn.softplus(q), jax.nn.softplus(k)
+    B, T, H, D = q.shape
+    g = jnp.exp(log_gate) * jnp.where(resets, 0.0, 1.0)[..., None]  # [B, T, H]
+
+    def step(carry, x):
+        S, z = carry
+        fq_i, fk_i, v_i, g_i = x
+        S = g_i[..., None, None] * S + fk_i[..., :, None] * v_i[..., None, :]
+        z = g_i[..., None] * z + fk_i
+        num = jnp.einsum("bhd,bhde->bhe", fq_i, S)
+        den = jnp.einsum("bhd,bhd->bh", fq_i, z)
+        return (S, z), num / (den[..., None] + EPS)
+
+    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (fq, fk, v, g))
+    init = (jnp.zeros((B, H, D, D), q.dtype), jnp.zeros((B, H, D), q.dtype))
+    return jnp.moveaxis(jax.lax.scan(step, init, xs)[1], 0, 1)
+
+
+def reference_grads(q, k, v, log_gate, resets, dy):
+    """The float64 recurrence's y and its gradients (dq, dk, dv, dlog_gate)."""
+    with jax.enable_x64(True):
+        args = [jnp.asarray(np.asarray(x, np.float64)) for x in (q, k, v, log_gate)]
+        f = jax.jit(lambda *a: jax.vjp(lambda *b: reference_scan(*b, jnp.asarray(resets)), *a))
+        y, vjp = f(*args)
+        return np.asarray(y), [np.asarray(g) for g in vjp(jnp.asarray(np.asarray(dy, np.float64)))]
+
+
+CASES = [  # shape, c, resets in row 0, decay, segments (None: the plan's), gradient kernels
+    ((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", None, None),  # T, D padded; 4 segments
+    ((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", 1, (("dq", "dk", "dv"),)),
+    ((2, 61, 3, 8), 16, (0, 31, 32, 33), "fixed", 2, (("dq",), ("dk", "dv"))),
+    ((2, 61, 3, 8), 16, (16, 31, 35), "none", 2, None),  # resets only
+    ((1, 100, 1, 64), 32, (0, 31, 32, 50, 51, 52), "gate", 2, None),
+    ((1, 128, 1, 128), 64, (63, 64, 100), "gate", None, None),
+    ((1, 256, 1, 32), 128, (127, 130), "gate", 1, None),  # 2 row tiles
+]
+
+
+@pytest.mark.parametrize("shape, c, resets_at, decay, segments, grads", CASES, ids=str)
+def test_chunk_kernels_equal_the_float64_recurrence(
+    shape, c, resets_at, decay, segments, grads, monkeypatch
+):
+    if segments is not None:
+        monkeypatch.setattr(plan, "segments", lambda *a, **k: segments)
+    if grads is not None:
+        monkeypatch.setattr(plan, "grad_kernels", lambda *a, **k: grads)
+    q, k, v, dy, log_gate, resets = make(shape, resets_at, decay)
+    r = jnp.asarray(resets)
+
+    def fn(q, k, v, g):
+        fq, fk = linear.features(q, k, "softplus")
+        return chunked_kernels.chunked_attention(
+            fq, fk, v, c, EPS, kernel="pallas_chunk", log_gate=g, resets=r
+        )
+
+    if log_gate is None:  # resets only: no log-gate input, no gradient for it
+        y, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, None), q, k, v)
+        ref, ref_grads = reference_grads(q, k, v, np.zeros(shape[:3], np.float32), resets, dy)
+    else:
+        y, vjp = jax.vjp(fn, q, k, v, log_gate)
+        ref, ref_grads = reference_grads(q, k, v, log_gate, resets, dy)
+    assert rel_err(y, ref) <= 1e-5, rel_err(y, ref)
+    for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), vjp(jnp.asarray(dy)), ref_grads):
+        assert rel_err(g, r64) <= 1e-4, (label, rel_err(g, r64))
+
+
+def test_registry_kernel_equals_the_float64_recurrence():
+    """Through ``attention.get``: ``kernel=pallas`` with resets and gates runs the chunk-parallel
+    kernels (no fallback warning) and equals the loop of tests/test_attention_forget.py."""
+    import warnings
+
+    shape = (2, 32, 1, 8)
+    q, k, v, dy, log_gate, resets = make(shape, (15, 16, 20))
+    fn = attention.get("LT_chunked", chunk_size=16, kernel="pallas", eps=EPS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y, vjp = jax.vjp(
+            lambda q, k, v, g: fn(q, k, v, resets=jnp.asarray(resets), log_gate=g),
+            q, k, v, log_gate,
+        )  # fmt: skip
+    ref, ref_grads = reference_grads(q, k, v, log_gate, resets, dy)
+    assert rel_err(y, ref) <= 1e-5
+    for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), vjp(jnp.asarray(dy)), ref_grads):
+        assert rel_err(g, r64) <= 1e-4, (label, rel_err(g, r64))
+
+
+def _oracle(fq, fk, v, c, state, log_gate, resets):
+    (num, den), final = lt_chunked.chunked_linear_attention(
+        fq, fk, v, c, state, linear.Forget(log_gate, resets)
+    )
+    return linear.normalise(num, den, EPS, fq.dtype), final
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, c", [((2, 64, 2, 16), 16)], ids=str)
+def test_initial_and_final_state_with_forgetting_equal_the_oracle(shape, c, dtype):
+    """Row 0 has a reset at position 0 (the initial state is dropped) and inside; row 1 keeps
+    the initial state through decay only. Everything differentiated: the final state's
+    cotangents are random, so the decayed segment prefix is checked both ways."""
+    B, T, H, D = shape
+    rng = np.random.default_rng(3)
+    q, k, v, wy, log_gate, resets = make(shape, (0, c - 1, c + 3), dtype=dtype)
+    fq, fk = linear.features(jnp.asarray(q, dtype), jnp.asarray(k, dtype), "softplus")
+    v = jnp.asarray(v, dtype)
+    S0 = jnp.asarray(rng.random((B, H, D, D)), jnp.float32)
+    z0 = jnp.asarray(rng.random((B, H, D)) * 4.0, jnp.float32)
+    wS = jnp.asarray(rng.standard_normal((B, H, D, D)) * 0.01, jnp.float32)
+    wz = jnp.asarray(rng.standard_normal((B, H, D)) * 0.1, jnp.float32)
+    r = jnp.asarray(resets)
+
+    def kernel(fq, fk, v, S0, z0, g):
+        return chunked_kernels.chunked_attention(
+            fq, fk, v, c, EPS, initial_state=(S0, z0), return_final_state=True,
+            kernel="pallas_chunk", log_gate=g, resets=r,
+        )  # fmt: skip
+
+    def oracle(fq, fk, v, S0, z0, g):
+        return _oracle(fq, fk, v, c, (S0, z0), g, r)
+
+    def grads(fn):
+        def loss(*a):
+            y, (S, z) = fn(*a)
+            out = jnp.sum(y.astype(jnp.float32) * wy) + jnp.sum(S * wS) + jnp.sum(z * wz)
+            return out, (y, S, z)
+
+        return jax.jit(jax.grad(loss, argnums=range(6), has_aux=True))(
+            fq, fk, v, S0, z0, jnp.asarray(log_gate)
+        )
+
+    (g_k, out_k), (g_o, out_o) = grads(kernel), grads(oracle)
+    f32 = dtype == jnp.float32
+    tol, gtol = (1e-5, 1e-4) if f32 else (1e-2, 2e-2)
+    for label, a, b in zip(("y", "S", "z"), out_k, out_o):
+        assert rel_err(a.astype(jnp.float32), b.astype(jnp.float32)) <= tol, label
+    for label, a, b in zip(("dq", "dk", "dv", "dS0", "dz0", "dlog_gate"), g_k, g_o):
+        err = rel_err(a.astype(jnp.float32), b.astype(jnp.float32))
+        assert err <= gtol, (label, err)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_gradients_stay_finite_with_gamma_1e3(dtype):
+    """gamma = 1e-3 everywhere (every chunk's carry underflows to 0 in float32) with random
+    resets, over the longest sequence interpret mode affords in CI."""
+    Tl, Hl, Dl = 2048, 1, 16
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, Tl, Hl, Dl)), dtype) for _ in range(3))
+    log_gate = jnp.full((1, Tl, Hl), np.log(1e-3), jnp.float32)
+    resets = jnp.asarray(rng.random((1, Tl)) < 1e-3)
+    fn = attention.get("LT_chunked", chunk_size=64, kernel="pallas_chunk")
+    loss = lambda q, k, v, g: fn(q, k, v, log_gate=g, resets=resets).astype(jnp.float32).sum()
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, log_gate)
+    assert np.isfinite(float(value))
+    for g in grads:
+        g = np.asarray(g, np.float32)
+        assert np.all(np.isfinite(g)) and np.any(g != 0)
+
+
+def test_pallas_takes_forgetting_through_the_chunk_parallel_kernels():
+    """``kernel=pallas`` with forgetting is the chunk-parallel design even where the cost model
+    picks the single pass without it; the single pass asked for by name is a one-line error."""
+    shape = (8, 1024, 12, 64, 64, jnp.bfloat16)
+    assert chunked_kernels.choose("pallas", *shape) == chunked_kernels.FUSED
+    assert chunked_kernels.choose("pallas", *shape, forget=True) == chunked_kernels.CHUNK
+    q, k, v, _, log_gate, resets = make((1, 32, 1, 16), (5,))
+    fq, fk = linear.features(jnp.asarray(q), jnp.asarray(k), "softplus")
+    with pytest.raises(NotImplementedError, match="pallas_fused_chunk.*doc_reset"):
+        chunked_kernels.chunked_attention(
+            fq, fk, v, 16, EPS, kernel="pallas_fused_chunk", resets=jnp.asarray(resets)
+        )
+    # The registry's explicit single pass keeps its one-line error too.
+    fn = attention.get("LT_chunked", chunk_size=16, kernel="pallas_fused_chunk")
+    with pytest.raises(NotImplementedError, match="does not support"):
+        fn(q, k, v, log_gate=jnp.asarray(log_gate))
+
+
+def test_gate_projection_keeps_bfloat16_inputs_and_float32_precision():
+    """The model's c_gate (``decay: gate``) reads a bfloat16 block input without a float32 copy
+    of it (the memory acceptance at 1M tokens) and still gives x W + b to ~16 bits of W."""
+    from linear_gpt2.model import GateProjection
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 8, 32)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((32, 4)) * 0.1, jnp.float32)
+    b = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    mod = GateProjection(4, b)
+    out = mod.apply({"params": {"kernel": w, "bias": b}}, x)
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
+    assert out.dtype == jnp.float32 and rel_err(out, exact) <= 1e-4
+    jaxpr = str(jax.make_jaxpr(lambda x: mod.apply({"params": {"kernel": w, "bias": b}}, x))(x))
+    assert "bf16[2,8,32]" in jaxpr and "f32[2,8,32]" not in jaxpr
+
+
+def test_decoder_prefill_with_forgetting_through_the_kernels():
+    """The decoder's prefill (``kernel=pallas``) continues a state through resets and gates with
+    the chunk-parallel kernels, equal to the XLA prefill: outputs and the state it returns."""
+    shape = (2, 40, 1, 16)
+    q, k, v, _, log_gate, resets = make(shape, (0, 17, 31))
+    args = [jnp.asarray(x) for x in (q, k, v)]
+    kw = dict(log_gate=jnp.asarray(log_gate), resets=jnp.asarray(resets))
+    out = {}
+    for kernel in ("pallas", "xla"):
+        dec = linear.make_decoder(chunk_size=16, kernel=kernel, eps=EPS)
+        state = dec.init(2, 1, 16)
+        _, state = dec.prefill(state, *(x[:, :8] for x in args))  # a state to continue from
+        part = {n: a[:, 8:] for n, a in kw.items()}
+        out[kernel] = dec.prefill(state, *(x[:, 8:] for x in args), **part)
+    (y, (S, z)), (y_x, (S_x, z_x)) = out["pallas"], out["xla"]
+    assert rel_err(y, y_x) <= 1e-5 and rel_err(S, S_x) <= 1e-5 and rel_err(z, z_x) <= 1e-5
