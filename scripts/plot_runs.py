@@ -12,7 +12,12 @@ its API (needs network and ``wandb login``). Writes into ``--out``:
   context, solid = linear attention, dashed = softmax (one figure per model size);
 - ``final_loss_vs_params.png``: final loss against parameter count, one line per context and
   attention family;
-- ``final_loss.md``: the table behind it.
+- ``final_loss.md``: the table behind it;
+- ``final_loss_vs_context_<size>.png``: final held-out loss against context, one line per
+  attention variant (``flash``, ``LT_chunked``, ``LT_chunked+reset``, ``LT_chunked+gate``, ...);
+- ``curves_by_context_<size>.png``: one panel per context, the variants' loss curves;
+- ``context_table.md``: held-out loss per variant x context with the gap to the softmax
+  baseline (``flash``/``softmax`` without resets) at each context.
 """
 
 from __future__ import annotations
@@ -60,7 +65,23 @@ def _main(argv: list[str]) -> int:
             title=f"GPT-2 {size}: linear (solid) vs softmax (dashed), by context",
         )
         print(f"wrote {path} ({len(group)} runs)")
+        path = plots.plot_final_loss_vs_context(
+            group,
+            out / f"final_loss_vs_context_{size}.png",
+            title=f"{size}: final held-out loss vs context",
+        )
+        print(f"wrote {path}")
+        path = plots.plot_curves_by_context(
+            group, out / f"curves_by_context_{size}.png", smooth=args.smooth, title=f"{size}"
+        )
+        print(f"wrote {path}")
     print(f"wrote {plots.plot_final_loss_vs_params(runs, out / 'final_loss_vs_params.png')}")
+    table = plots.context_table_markdown(plots.context_table(runs))
+    (out / "context_table.md").write_text(
+        "Final held-out loss per attention variant (rows) and context (columns); in parentheses "
+        "the gap to the softmax baseline at that context.\n\n" + table
+    )
+    print(table)
     rows = plots.final_loss_table(runs)
     lines = ["| run | size | context | attention | steps | hours | final loss |", "|---" * 7 + "|"]
     for r in rows:
