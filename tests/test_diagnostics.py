@@ -97,7 +97,8 @@ def test_layer_statistics_match_a_forward_pass_by_hand(full_precision_matmuls):
     )
     tokens = np.asarray(jax.random.randint(jax.random.key(2), (2, 8), 0, 64))
     segments = np.array([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 2, 2]])
-    got = diagnostics(params, tokens, cfg, segment_ids=jnp.asarray(segments))
+    run = jax.jit(diagnostics, static_argnums=2)
+    got = run(params, tokens, cfg, segment_ids=jnp.asarray(segments))
     want = reference_stats(params, tokens, segments, cfg)
     assert set(got) == set(diag.LAYER_STATS)
     for name in diag.LAYER_STATS:
@@ -109,7 +110,7 @@ def test_layer_statistics_match_a_forward_pass_by_hand(full_precision_matmuls):
 
     # softmax has no linear state: only the output's RMS.
     soft = cfg.replace(attention="softmax", decay="none")
-    stats = diagnostics(init_params(soft, 0), tokens, soft, segment_ids=jnp.asarray(segments))
+    stats = run(init_params(soft, 0), tokens, soft, segment_ids=jnp.asarray(segments))
     assert set(stats) == {"out_rms"}
 
 
