@@ -163,13 +163,13 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             )
         lines += ["", "Settings of our runs:", ""]
         lines += [
-            "| attention | L | N | lr | batch | steps (max) | stopped at 99% | accuracy (best) | "
-            "test examples | train s |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| attention | L | N | lr | seed | batch | steps (max) | stopped at 99% | "
+            "accuracy (best) | test examples | train s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in mine:
             lines.append(
-                f"| {r['attention']} | {r['L']} | {r['N']} | {r['lr']:g} | {r['batch']} | "
+                f"| {r['attention']} | {r['L']} | {r['N']} | {r['lr']:g} | {r['seed']} | {r['batch']} | "
                 f"{r['steps']} ({r['max_steps']}) | {'yes' if r['reached_target'] else 'no'} | "
                 f"{_fmt(r['accuracy'])} ({_fmt(r['best_accuracy'])}) | {r['test_examples']} | "
                 f"{r['train_seconds']:.0f} |"

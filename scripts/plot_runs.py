@@ -17,12 +17,14 @@ its API (needs network and ``wandb login``). Writes into ``--out``:
   attention variant (``flash``, ``LT_chunked``, ``LT_chunked+reset``, ``LT_chunked+gate``, ...);
 - ``curves_by_context_<size>.png``: one panel per context, the variants' loss curves;
 - ``context_table.md``: held-out loss per variant x context with the gap to the softmax
-  baseline (``flash``/``softmax`` without resets) at each context.
+  baseline (``flash``/``softmax`` without resets) at each context; ``context_table.csv`` the
+  same, one row per run.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from pathlib import Path
 
@@ -76,7 +78,13 @@ def _main(argv: list[str]) -> int:
         )
         print(f"wrote {path}")
     print(f"wrote {plots.plot_final_loss_vs_params(runs, out / 'final_loss_vs_params.png')}")
-    table = plots.context_table_markdown(plots.context_table(runs))
+    ctx_rows = plots.context_table(runs)
+    with (out / "context_table.csv").open("w", newline="") as f:
+        fields = ["size", "variant", "context", "steps", "val", "train", "gap", "name"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(ctx_rows)
+    table = plots.context_table_markdown(ctx_rows)
     (out / "context_table.md").write_text(
         "Final held-out loss per attention variant (rows) and context (columns); in parentheses "
         "the gap to the softmax baseline at that context.\n\n" + table

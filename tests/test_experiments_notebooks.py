@@ -119,6 +119,8 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
         assert (out / name).stat().st_size > 0
     table = (out / "context_table.md").read_text()
     assert "| flash | 5.600 | 5.450 |" in table and "LT_chunked+reset" in table
+    csv_rows = (out / "context_table.csv").read_text().splitlines()
+    assert csv_rows[0] == "size,variant,context,steps,val,train,gap,name" and len(csv_rows) == 9
 
 
 def test_plot_runs_script(tmp_path):
