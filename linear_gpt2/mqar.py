@@ -143,7 +143,9 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             f"Published: {SOURCES.get(protocol, '')}.",
             "",
-            "| attention | " + " | ".join(f"L={L} (N={Ns.get(L, '?')})" for L in Ls) + " |",
+            "| attention | "
+            + " | ".join(f"L={L}" + (f" (N={Ns[L]})" if L in Ns else "") for L in Ls)
+            + " |",
             "|---" * (len(Ls) + 1) + "|",
         ]
         by = {(r["attention"], r["L"]): r for r in mine}
@@ -176,11 +178,11 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             )
         lines.append("")
     if meta.get("notes"):
-        lines += ["## Notes", "", *meta["notes"], ""]
+        lines += ["## Notes", "", *(f"- {n}" for n in meta["notes"]), ""]
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> Path:
     """Accuracy against L: one panel per protocol, our attentions as lines (markers), the
     published ones dashed."""
     from linear_gpt2.plots import _plt, _save
@@ -214,6 +216,8 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         ax.set_title(protocol)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return _save(fig, path)
 
 
@@ -241,7 +245,9 @@ def write_report(
         json.dumps({"meta": meta, "rows": list(rows), "published": published}, indent=1) + "\n"
     )
     paths["md"].write_text(markdown(rows, meta))
-    plot(rows, paths["png"])
+    machine = meta.get("machine", "this machine")
+    title = f"ours: measured on {machine} (steps and settings: {name}.md); published: dashed"
+    plot(rows, paths["png"], title=title)
     return paths
 
 

@@ -79,11 +79,15 @@ def _main(argv: list[str]) -> int:
         )
     env = bench.environment()
     meta = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-        f"({env['device_kind']}, jax {env['jax_version']})",
-        "note": f"load average {load_before[0]:.1f} when this call started, "
-        f"{os.getloadavg()[0]:.1f} at its end; wall time of the runs in this call "
-        f"{time.monotonic() - t0:.0f} s",
+        "machine": f"the {os.cpu_count()}-core {env['device_kind'].upper()} machine "
+        f"({platform.processor() or platform.machine()}, jax {env['jax_version']})",
+        "note": (
+            f"report written from the run directories; load average {load_before[0]:.1f}"
+            if args.report_only
+            else f"load average {load_before[0]:.1f} when this call started, "
+            f"{os.getloadavg()[0]:.1f} at its end; wall time of the runs in this call "
+            f"{time.monotonic() - t0:.0f} s"
+        ),
         "environment": env,
         "sweeps": [str(s.path) for s in sweeps],
         "notes": list(args.note),

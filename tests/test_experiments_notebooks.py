@@ -141,3 +141,30 @@ def test_plot_runs_script(tmp_path):
     assert by[("124M", 1024, "linear")].final_loss() == pytest.approx(3.296, abs=0.05)
     assert by[("355M", 4096, "linear")].n_params > by[("124M", 4096, "linear")].n_params
     assert script.main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
+    from linear_gpt2 import mqar
+
+    rows = mqar.read_report(FIXTURES / "mqar_cpu.json")["rows"]
+    meta = {"machine": "the 2-core CPU machine", "note": "test", "notes": ["one", "two"]}
+    paths = mqar.write_report(rows, tmp_path, meta, name="r")
+    md = paths["md"].read_text()
+    assert "## mqar-rebased" in md and "| published: Based (ReBased fig. 1) |" in md
+    assert "0.890" in md and "- one\n- two" in md
+    assert mqar.read_report(paths["json"])["rows"] == rows
+    assert paths["png"].stat().st_size > 0 and paths["csv"].read_text().startswith("protocol,L,N")
+    # The report alone needs runs: one line, exit 2, naming the command that makes them.
+    script = load_script("mqar")
+    code = script.main(["--report-only", "--sweep", str(write_empty_sweep(tmp_path))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no finished MQAR runs" in err[0], err
+
+
+def write_empty_sweep(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        f"name: mqar-x\nbase: {ROOT / 'configs' / 'mqar' / 'base.yaml'}\n"
+        f"out_dir: {tmp_path / 'none'}\ngrid:\n  a:\n    - {{attention.name: softmax}}\n"
+    )
+    return path
