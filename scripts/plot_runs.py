@@ -48,6 +48,7 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--wandb-entity", default=None)
     p.add_argument("--smooth", type=float, default=0.9, help="EMA weight of history (0 = raw)")
     p.add_argument("--out", default="figures")
+    p.add_argument("--label", default="", help="appended to every figure's title (machine, budget)")
     args = p.parse_args(argv)
     runs = plots.find_runs(args.runs) if args.runs else []
     if args.wandb_project:
@@ -64,17 +65,20 @@ def _main(argv: list[str]) -> int:
             group,
             out / f"learning_curves_{size}.png",
             smooth=args.smooth,
-            title=f"GPT-2 {size}: linear (solid) vs softmax (dashed), by context",
+            title=f"GPT-2 {size}: linear (solid) vs softmax (dashed), by context{args.label}",
         )
         print(f"wrote {path} ({len(group)} runs)")
         path = plots.plot_final_loss_vs_context(
             group,
             out / f"final_loss_vs_context_{size}.png",
-            title=f"{size}: final held-out loss vs context",
+            title=f"{size}: final held-out loss vs context{args.label}",
         )
         print(f"wrote {path}")
         path = plots.plot_curves_by_context(
-            group, out / f"curves_by_context_{size}.png", smooth=args.smooth, title=f"{size}"
+            group,
+            out / f"curves_by_context_{size}.png",
+            smooth=args.smooth,
+            title=f"{size}{args.label}",
         )
         print(f"wrote {path}")
     print(f"wrote {plots.plot_final_loss_vs_params(runs, out / 'final_loss_vs_params.png')}")
