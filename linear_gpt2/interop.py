@@ -96,10 +96,17 @@ class ShapeMismatchError(CheckpointError):
 
 
 class UnrepresentableError(CheckpointError):
-    """A model that GPT-2 (nanoGPT, Hugging Face) cannot represent: a decaying linear state."""
+    """A model that GPT-2 (nanoGPT, Hugging Face) cannot represent: a decaying linear state,
+    blocks without the MLP or with a short convolution."""
 
 
 def _check_representable(config: ModelConfig, direction: str) -> None:
+    if not config.is_gpt2:
+        raise UnrepresentableError(
+            f"model.mlp={config.mlp}, model.short_conv={config.short_conv}: a nanoGPT / Hugging "
+            "Face GPT-2 checkpoint has an MLP in every block and no convolution; use "
+            "model.mlp=true and model.short_conv=0"
+        )
     if config.decay == "none":
         return
     if direction == "import" and config.decay == "fixed":

@@ -19,6 +19,12 @@ policy per block (:func:`remat_policy`) and a loss fused with the head by chunks
 
 Mixed precision follows torch autocast: parameters, the residual stream, LayerNorm, softmax and the
 loss are float32; the matmuls run in ``config.dtype``.
+
+Options beyond GPT-2, all off by default (the synthetic-task models of Zoology and ReBased):
+attention-only blocks (``mlp=False``), a short causal convolution before each attention
+(``short_conv``), and the head computed only at the labelled positions (``loss_positions``).
+With ``diagnostics`` (:func:`diagnostics`) every attention layer also reports statistics of its
+normaliser, state and output (:mod:`linear_gpt2.diagnostics`).
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from linear_gpt2 import attention
+from linear_gpt2 import diagnostics as diag
 from linear_gpt2.config import ModelConfig
-from linear_gpt2.loss import cross_entropy, head_cross_entropy
+from linear_gpt2.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
 from linear_gpt2.tokenizer import EOT
 
 Params = dict[str, Any]
@@ -129,6 +136,39 @@ class GateProjection(nn.Module):
         return gate_logits(x, w) + b
 
 
+def _conv_init(kernel: int):
+    # torch's Conv1d default (kaiming uniform, a = sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+    # fan_in = kernel for a depthwise convolution; Zoology's and ReBased's short convolutions.
+    bound = 1.0 / math.sqrt(kernel)
+    return lambda key, shape, dtype=jnp.float32: jax.random.uniform(
+        key, shape, dtype, -bound, bound
+    )
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal convolution over time, ``y_t = b + sum_{i < k} w_i * x_{t-i}`` per channel
+    (``model.short_conv`` = k), in float32. With ``resets`` (bool ``[B, T]``, document starts) a
+    position sees no input from before its document's start."""
+
+    kernel: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array, resets: jax.Array | None = None) -> jax.Array:
+        B, T, C = x.shape
+        w = self.param("kernel", _conv_init(self.kernel), (self.kernel, C))
+        b = self.param("bias", _conv_init(self.kernel), (C,))
+        x = x.astype(jnp.float32)
+        seg = None if resets is None else jnp.cumsum(resets.astype(jnp.int32), axis=1)
+        y = b + w[0] * x
+        for i in range(1, min(self.kernel, T)):
+            shifted = jnp.pad(x, ((0, 0), (i, 0), (0, 0)))[:, :T]  # x_{t-i}, zeros before 0
+            if seg is not None:
+                same = jnp.pad(seg, ((0, 0), (i, 0)), constant_values=-1)[:, :T] == seg
+                shifted = jnp.where(same[..., None], shifted, 0.0)
+            y = y + w[i] * shifted
+        return y
+
+
 class CausalSelfAttention(nn.Module):
     config: ModelConfig
     deterministic: bool = True
@@ -169,6 +209,12 @@ class CausalSelfAttention(nn.Module):
         cfg = self.config
         B, T, C = x.shape
         H, D = cfg.n_head, cfg.head_dim
+        if cfg.short_conv:
+            if cache is not None:
+                raise NotImplementedError(
+                    "model.short_conv has no incremental decoder; sample from a model without it"
+                )
+            x = ShortConv(cfg.short_conv, name="conv")(x, resets)
         qkv = _dense(cfg, 3 * C, "c_attn")(x)
         q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
         forget: dict[str, Any] = {}
@@ -187,6 +233,10 @@ class CausalSelfAttention(nn.Module):
             ):
                 kwargs.update(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
             y = fn(q, k, v, **kwargs)
+            if self.is_mutable_collection(diag.COLLECTION):  # only in model.diagnostics
+                stats = diag.layer_stats(cfg, q, k, v, y, resets, log_gate)
+                for name, value in stats.items():
+                    self.sow(diag.COLLECTION, name, value)
         else:
             dec = attention.decoder(cfg.attention, **cfg.attention_options())
             if T == 1:
@@ -232,7 +282,8 @@ class Block(nn.Module):
             _layer_norm(cfg, "ln_1")(x), cache, resets
         )
         x = x + h
-        x = x + MLP(cfg, self.deterministic, name="mlp")(_layer_norm(cfg, "ln_2")(x))
+        if cfg.mlp:
+            x = x + MLP(cfg, self.deterministic, name="mlp")(_layer_norm(cfg, "ln_2")(x))
         return x, cache
 
 
@@ -296,6 +347,7 @@ class GPT(nn.Module):
         cache: dict[str, Any] | None = None,
         targets: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
+        output: str = "loss",
     ):
         """tokens: int ``[B, T]`` -> logits float32 ``[B, T, vocab_size]``.
 
@@ -305,7 +357,10 @@ class GPT(nn.Module):
         ``loss_chunk`` is set (the ``[B, T, vocab]`` logits are then never materialised).
         ``segment_ids`` (int ``[B, T]``, the loader's document index of each token) say where
         documents start when ``doc_reset`` is on; without them a document starts after each
-        EOT token (the packing's separator)."""
+        EOT token (the packing's separator). ``output="correct"`` (with ``targets``) returns
+        ``(hits, counted)`` instead of the loss: how many counted targets are the argmax of their
+        logits, and how many targets were counted. With ``loss_positions`` the head runs only at
+        the first ``loss_positions`` labelled targets of each row."""
         cfg = self.config
         T = tokens.shape[1]
         if cache is None and T > cfg.block_size:
@@ -329,7 +384,7 @@ class GPT(nn.Module):
             block = nn.remat(Block, prevent_cse=False, policy=policy)
         blocks = nn.scan(
             block,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, diag.COLLECTION: 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(0, nn.broadcast),
             length=cfg.n_layer,
@@ -342,6 +397,18 @@ class GPT(nn.Module):
         x, layer_caches = blocks(x, None if cache is None else cache["layers"], resets)
 
         x = _layer_norm(cfg, "ln_f")(x)
+        if targets is not None and cfg.loss_positions > 0:
+            x, targets = labelled_positions(x, targets, cfg.loss_positions)
+        if targets is not None and output == "correct":
+            logits = jnp.einsum(
+                "btc,vc->btv",
+                x.astype(cfg.dtype),
+                wte.embedding.astype(cfg.dtype),
+                preferred_element_type=jnp.float32,
+            )
+            counted = targets != IGNORE_INDEX
+            hits = (jnp.argmax(logits, axis=-1) == targets) & counted
+            return hits.sum(), counted.sum()
         if targets is not None and loss_chunk_tokens(cfg) > 0:
             return head_cross_entropy(
                 x, wte.embedding, targets, chunk=loss_chunk_tokens(cfg), dtype=cfg.dtype
@@ -362,6 +429,17 @@ class GPT(nn.Module):
         if "reset_next" in cache:
             new["reset_next"] = tokens[:, -1] == EOT
         return logits, new
+
+
+def labelled_positions(x: jax.Array, targets: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The hidden states ``[B, k, C]`` and targets ``[B, k]`` at the first ``k`` positions of
+    each row whose target is counted (!= -1), in order; rows with fewer are padded with ignored
+    targets. What ``loss_positions`` computes the head on."""
+    counted = targets != IGNORE_INDEX
+    idx = jax.vmap(lambda row: jnp.nonzero(row, size=k, fill_value=0)[0])(counted)  # [B, k]
+    real = jnp.arange(k)[None, :] < counted.sum(axis=1, keepdims=True)
+    picked = jnp.where(real, jnp.take_along_axis(targets, idx, axis=1), IGNORE_INDEX)
+    return jnp.take_along_axis(x, idx[..., None], axis=1), picked
 
 
 def init_config(config: ModelConfig) -> ModelConfig:
@@ -419,6 +497,10 @@ def decode_init(config: ModelConfig, batch: int, max_len: int | None = None) -> 
     The KV cache of softmax attention grows with ``max_len``; the linear family's recurrent
     state ``(S [B, H, D, D], z [B, H, D])`` does not."""
     max_len = config.block_size if max_len is None else max_len
+    if config.short_conv:
+        raise NotImplementedError(
+            "model.short_conv has no incremental decoder; sample from a model without it"
+        )
     if max_len > config.block_size:
         raise ValueError(
             f"max_len={max_len} exceeds block_size={config.block_size}: positions beyond it have "
@@ -477,6 +559,47 @@ def loss_fn(
         segment_ids=segment_ids,
         rngs=rngs,
     )
+
+
+def correct(
+    params: Params,
+    tokens: jax.Array,
+    targets: jax.Array,
+    config: ModelConfig,
+    *,
+    segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(hits, counted)``: how many targets != -1 are the argmax of their logits, and how many
+    there are (no dropout). Held-out accuracy is ``sum(hits) / sum(counted)``."""
+    return GPT(config).apply(
+        {"params": params},
+        jnp.asarray(tokens, jnp.int32),
+        targets=jnp.asarray(targets, jnp.int32),
+        segment_ids=segment_ids,
+        output="correct",
+    )
+
+
+def diagnostics(
+    params: Params,
+    tokens: jax.Array,
+    config: ModelConfig,
+    *,
+    segment_ids: jax.Array | None = None,
+) -> dict[str, jax.Array]:
+    """Per-layer attention statistics of a forward pass (no dropout), ``{name: float32
+    [n_layer]}`` with the names of :data:`linear_gpt2.diagnostics.LAYER_STATS` that apply (see
+    :func:`linear_gpt2.diagnostics.layer_stats`). Only this function makes the statistics'
+    collection mutable, so no other program (the training step) computes them."""
+    _, state = GPT(config).apply(
+        {"params": params},
+        jnp.asarray(tokens, jnp.int32),
+        segment_ids=segment_ids,
+        mutable=[diag.COLLECTION],
+    )
+    sown = state.get(diag.COLLECTION, {}).get("h", {}).get("attn", {})
+    # sow keeps a tuple per name; nn.scan stacks each entry over the layers.
+    return {name: jnp.asarray(values[0]) for name, values in sown.items()}
 
 
 def count_params(params: Params, non_embedding: bool = True) -> int:

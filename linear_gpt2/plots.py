@@ -16,6 +16,7 @@ Matplotlib runs headless (Agg); each function writes one PNG and returns its pat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -223,6 +224,33 @@ class Run:
         return int(self.config.get("data.context", 0))
 
     @property
+    def variant(self) -> str:
+        """The attention and what it forgets: ``flash``, ``LT_chunked``, ``LT_chunked+reset``,
+        ``LT_chunked+gate`` (``+fixed`` for RetNet's decay; a non-default feature map is added
+        as ``/elu1``; ``+conv3`` for a short convolution)."""
+        name = self.attention
+        fmap = self.config.get("attention.feature_map", "softplus")
+        if self.family == "linear" and fmap not in (None, "softplus"):
+            name += f"/{fmap}"
+        if self.config.get("attention.doc_reset"):
+            name += "+reset"
+        if self.config.get("attention.decay") not in (None, "none"):
+            name += f"+{self.config['attention.decay']}"
+        if self.config.get("model.short_conv"):
+            name += f"+conv{self.config['model.short_conv']}"
+        return name
+
+    @property
+    def is_baseline(self) -> bool:
+        """Softmax attention without resets: what the post compares linear attention with."""
+        return self.family == "softmax" and not self.config.get("attention.doc_reset")
+
+    def final_val_loss(self) -> float | None:
+        """The held-out loss of the last evaluation (the trainer evaluates at the last step)."""
+        _, val = self.series("step", "val_loss")
+        return float(val[-1]) if val.size else None
+
+    @property
     def size(self) -> str:
         """``124M``-style label from the architecture (or the parameter count)."""
         from linear_gpt2.config import PRESETS
@@ -271,15 +299,24 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def count_params_of(config: dict[str, Any]) -> int | None:
     """Parameters (embeddings included) of the model a flat config describes, by shapes only."""
+    from linear_gpt2.config import ModelConfig
+
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    values = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("model.")}
+    if config.get("attention.decay") not in (None, "none"):  # the gate's projection
+        values["decay"] = config["attention.decay"]
+        values["attention"] = "LT_state"
+    key = tuple(sorted((k, v) for k, v in values.items() if k in fields))
+    return _count_params(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_params(key: tuple[tuple[str, Any], ...]) -> int | None:
     try:
         from linear_gpt2.config import ModelConfig
         from linear_gpt2.model import count_params, param_shapes
 
-        fields = {f.name for f in dataclasses.fields(ModelConfig)}
-        values = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("model.")}
-        values = {k: v for k, v in values.items() if k in fields}
-        cfg = ModelConfig(**values)
-        return count_params(param_shapes(cfg), non_embedding=False)
+        return count_params(param_shapes(ModelConfig(**dict(key))), non_embedding=False)
     except Exception:
         return None
 
@@ -368,6 +405,128 @@ def plot_learning_curves(
     if handles:
         axes[1].legend(handles, labels, fontsize=7)
     fig.suptitle(title or "loss: linear (solid) vs softmax (dashed), by context")
+    return _save(fig, path)
+
+
+def context_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The learning study by context: one row per run (sorted by size, variant, context) with
+    its final held-out loss (``val``, the last evaluation), final training loss (``train``),
+    ``loss`` (``val``, or ``train`` for runs without evaluations, ``held_out`` saying which) and
+    ``gap``: ``loss`` minus that of the softmax baseline (:attr:`Run.is_baseline`, e.g.
+    ``flash``) of the same size and context (None without one)."""
+    rows = []
+    for r in runs:
+        steps, _ = r.series("step", "loss")
+        rows.append(
+            dict(
+                name=r.name,
+                size=r.size,
+                variant=r.variant,
+                context=r.context,
+                steps=int(steps[-1]) if steps.size else 0,
+                val=r.final_val_loss(),
+                train=r.final_loss(),
+                baseline=r.is_baseline,
+            )
+        )
+    for x in rows:
+        x["held_out"] = x["val"] is not None
+        x["loss"] = x["val"] if x["held_out"] else x["train"]
+    base = {(x["size"], x["context"]): x["loss"] for x in rows if x["baseline"]}
+    for x in rows:
+        ref = base.get((x["size"], x["context"]))
+        x["gap"] = x["loss"] - ref if x["loss"] is not None and ref is not None else None
+    # The baseline first, then the variants in the order the runs came.
+    variants = [r.variant for r in runs if r.is_baseline] + [r.variant for r in runs]
+    order = {v: i for i, v in enumerate(dict.fromkeys(variants))}
+    return sorted(rows, key=lambda x: (x["size"], order[x["variant"]], x["context"]))
+
+
+def context_table_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """:func:`context_table` as a Markdown table per size: final loss per variant (rows) and
+    context (columns), held-out (training loss, marked ``*``, for runs never evaluated), with
+    the gap to the softmax baseline in parentheses."""
+    out = []
+    for size in dict.fromkeys(x["size"] for x in rows):
+        mine = [x for x in rows if x["size"] == size]
+        contexts = sorted({x["context"] for x in mine})
+        by = {(x["variant"], x["context"]): x for x in mine}
+        out += [
+            f"| {size} | " + " | ".join(context_label(c) for c in contexts) + " |",
+            "|---" * (len(contexts) + 1) + "|",
+        ]
+        for v in dict.fromkeys(x["variant"] for x in mine):
+            cells = []
+            for c in contexts:
+                x = by.get((v, c))
+                if x is None or x["loss"] is None:
+                    cells.append("")
+                    continue
+                mark = "" if x["held_out"] else "*"
+                gap = "" if x["baseline"] or x["gap"] is None else f" ({x['gap']:+.3f})"
+                cells.append(f"{x['loss']:.3f}{mark}{gap}")
+            out.append(f"| {v} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_final_loss_vs_context(
+    runs: Sequence[Run], path: str | Path, title: str | None = None
+) -> Path:
+    """Final held-out loss (training loss for runs never evaluated) against context (log2 x),
+    one line per attention variant, dashed for softmax (the post's "final loss by context"
+    figure)."""
+    plt = _plt()
+    rows = [x for x in context_table(runs) if x["loss"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v in dict.fromkeys(x["variant"] for x in rows):
+        pts = sorted((x["context"], x["loss"]) for x in rows if x["variant"] == v)
+        base = any(x["baseline"] for x in rows if x["variant"] == v)
+        ax.plot(*zip(*pts), "s--" if base else "o-", ms=5, label=v)
+    contexts = sorted({x["context"] for x in rows})
+    ax.set_xscale("log", base=2)
+    if contexts:
+        ax.set_xticks(contexts)
+        ax.set_xticklabels([context_label(c) for c in contexts])
+        ax.minorticks_off()
+    ax.set_xlabel("context length (tokens)")
+    held_out = all(x["held_out"] for x in rows)
+    ax.set_ylabel("final held-out loss" if held_out else "final loss (held-out where evaluated)")
+    ax.grid(alpha=0.3)
+    if rows:
+        ax.legend(fontsize=8)
+    ax.set_title(title or "final held-out loss vs context")
+    return _save(fig, path)
+
+
+def plot_curves_by_context(
+    runs: Sequence[Run], path: str | Path, smooth: float = 0.9, title: str | None = None
+) -> Path:
+    """One panel per context: training loss (EMA, lines) and held-out loss (markers) against
+    steps, one colour per attention variant (the post's "curves per context" figure)."""
+    plt = _plt()
+    contexts = sorted({r.context for r in runs})
+    variants = list(dict.fromkeys(r.variant for r in runs))
+    colors = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    n = max(1, len(contexts))
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n + 1, 4), sharey=True, squeeze=False)
+    for ax, ctx in zip(axes[0], contexts):
+        for r in (r for r in runs if r.context == ctx):
+            xs, ys = r.series("step", "loss")
+            ls = "--" if r.is_baseline else "-"
+            if xs.size:
+                ax.plot(xs, ema(ys, smooth), ls, color=colors[r.variant], lw=1.2, label=r.variant)
+            vx, vy = r.series("step", "val_loss")
+            if vx.size:
+                ax.plot(vx, vy, "o", ms=3, color=colors[r.variant])
+        ax.set_title(f"context {context_label(ctx)}")
+        ax.set_xlabel("update steps")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("loss (lines: train EMA; dots: held-out)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        axes[0][-1].legend(handles, labels, fontsize=7)
+    fig.suptitle(title or "learning curves by context")
     return _save(fig, path)
 
 

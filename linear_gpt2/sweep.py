@@ -11,6 +11,9 @@ A sweep file (YAML, see ``configs/sweeps/``)::
     grid:                           # cartesian product over dotted keys (in this order)
       data.context: [1024, 4096]
       attention.name: [flash, LT_chunked]
+      variant:                      # or over a named axis whose values set several keys at once
+        - {attention.doc_reset: false}
+        - {attention.doc_reset: true, attention.decay: gate}
     points:                         # explicit points (dicts of overrides); with a grid, each
       - {train.micro_batch: 8}      # point is combined with every grid entry
     name_keys: [data.context, attention.name]   # optional: which keys name the runs
@@ -25,8 +28,9 @@ What a rerun does with each point (:func:`point_status`) compares the point's co
 now, with the one its run directory last ran with (the ``DONE`` marker's, else ``config.yaml``):
 
 - ``todo``: never ran, or unfinished: it runs, resuming from its last checkpoint;
-- ``done``: finished (``DONE``, written when ``train`` reached ``train.max_steps`` or
-  ``train.max_hours``, or a checkpoint at ``max_steps``) with the same config: skipped;
+- ``done``: finished (``DONE``, written when ``train`` reached ``train.max_steps``,
+  ``train.max_hours`` or ``train.target_val_acc``, or a checkpoint at ``max_steps``) with the
+  same config: skipped;
 - ``changed``: finished, but keys a resumed run may change differ (``train.max_steps``,
   ``train.max_hours``, logging...): it runs again and continues from its checkpoint, e.g. to the
   new ``max_steps``;
@@ -53,6 +57,9 @@ from linear_gpt2.config import Config, ConfigError, diff, load_config, load_conf
 
 REPO = Path(__file__).resolve().parents[1]
 DONE = "DONE"
+# How a trainer run ends that counts as finished (DONE is written): its step budget, its hours,
+# or the held-out accuracy it was to reach (train.target_val_acc).
+FINISHED = ("max_steps", "max_hours", "target_val_acc")
 SWEEP_KEYS = {"name", "base", "out_dir", "overrides", "grid", "points", "name_keys", "slurm"}
 
 
@@ -99,6 +106,10 @@ NAME_PREFIX = {
     "train.micro_batch": "mb",
     "train.lr": "lr",
     "seed": "seed",
+    "attention.doc_reset": "reset",
+    "attention.decay": "decay",
+    "attention.feature_map": "",
+    "data.mqar.num_kv_pairs": "kv",
 }
 
 
@@ -111,12 +122,20 @@ def name_part(key: str, value: Any) -> str:
 
 def expand(grid: dict[str, list[Any]] | None, points: list[dict[str, Any]] | None):
     """The sweep's points as dicts of dotted keys: the cartesian product of the grid (keys in
-    order) combined with each explicit point (explicit values win)."""
+    order; a value that is a mapping sets its keys together, the grid key only names the axis)
+    combined with each explicit point (explicit values win)."""
     grid = grid or {}
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"sweep grid: {k} must be a non-empty list, got {v!r}")
-    combos = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())] or [{}]
+    combos = []
+    for vals in itertools.product(*grid.values()):
+        combo: dict[str, Any] = {}
+        for k, v in zip(grid, vals):
+            # A named axis: each value is a mapping of overrides set together.
+            combo.update(v) if isinstance(v, dict) else combo.__setitem__(k, v)
+        combos.append(combo)
+    combos = combos or [{}]
     explicit = points or [{}]
     for p in explicit:
         if not isinstance(p, dict):
@@ -264,7 +283,7 @@ def run_point(sweep: Sweep, point: Point) -> str:
     if status == "stale":
         raise StalePointError(_stale_message(point, cfg, detail))
     result = train(cfg)
-    if result.stopped_by in ("max_steps", "max_hours") and jax.process_index() == 0:
+    if result.stopped_by in FINISHED and jax.process_index() == 0:
         marker = {
             "step": result.last_step,
             "stopped_by": result.stopped_by,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from linear_gpt2.config import ModelConfig
-from linear_gpt2.model import init_params, loss_fn
+from linear_gpt2.model import correct, init_params, loss_fn
 from linear_gpt2.sharding import batch_sharding, replicated, state_shardings
 
 
@@ -70,16 +70,25 @@ def make_train_step(model_cfg: ModelConfig, tx: optax.GradientTransformation, sk
     return step
 
 
-def make_eval_step(model_cfg: ModelConfig):
-    """``eval(params, inputs, targets) -> mean loss`` over ``[accum, B, T]`` batches."""
+def make_eval_step(model_cfg: ModelConfig, accuracy: bool = False):
+    """``eval(params, inputs, targets) -> mean loss`` over ``[accum, B, T]`` batches; with
+    ``accuracy`` ``(mean loss, hits, counted)``: also how many counted targets (!= -1) are the
+    argmax of their logits, and how many were counted (``model.correct``)."""
 
     def evaluate(params, inputs, targets, segments=None):
         def one(xs):
             x, y, *seg = xs
-            return loss_fn(params, x, y, model_cfg, segment_ids=(seg or [None])[0])
+            seg_ids = (seg or [None])[0]
+            loss = loss_fn(params, x, y, model_cfg, segment_ids=seg_ids)
+            if not accuracy:
+                return loss
+            return (loss, *correct(params, x, y, model_cfg, segment_ids=seg_ids))
 
         xs = (inputs, targets) + (() if segments is None else (segments,))
-        return jax.lax.map(one, xs).mean()
+        if not accuracy:
+            return jax.lax.map(one, xs).mean()
+        losses, hits, counted = jax.lax.map(one, xs)
+        return losses.mean(), hits.sum(), counted.sum()
 
     return evaluate
 

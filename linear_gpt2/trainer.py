@@ -21,6 +21,7 @@ import numpy as np
 
 from linear_gpt2 import checkpoint as ckpt_lib
 from linear_gpt2 import data as data_lib
+from linear_gpt2 import diagnostics as diag_lib
 from linear_gpt2 import kernels, memory_plan
 from linear_gpt2.config import Config, ConfigError, save_config
 from linear_gpt2.errors import CheckpointError, OutOfMemoryError, RunError, UsageError
@@ -29,6 +30,7 @@ from linear_gpt2.logger import RunLogger, plot_loss, read_jsonl
 from linear_gpt2.memory import compiled_memory, is_oom
 from linear_gpt2.memory_plan import device_budget
 from linear_gpt2.model import count_params, init_params
+from linear_gpt2.model import diagnostics as model_diagnostics
 from linear_gpt2.optim import lr_at, optimizer
 from linear_gpt2.sharding import (
     batch_sharding,
@@ -127,7 +129,7 @@ class _StopFlag:
 class RunResult:
     run_dir: Path
     last_step: int
-    stopped_by: str  # "max_steps", "max_hours", "signal"
+    stopped_by: str  # "max_steps", "max_hours", "target_val_acc", "signal"
     losses: dict[int, float]  # step -> training loss, for the steps this call ran
     state: TrainState  # final parameters and optimizer state (global arrays)
 
@@ -202,7 +204,7 @@ def train(cfg: Config) -> RunResult:
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
     train_step, model_cfg = _planned_train_step(cfg, model_cfg, tx, mesh, plan, log)
     eval_step = jax.jit(
-        make_eval_step(model_cfg),
+        make_eval_step(model_cfg, accuracy=cfg.log.eval_accuracy),
         in_shardings=(
             state_sh.params,
             batch3,
@@ -210,6 +212,13 @@ def train(cfg: Config) -> RunResult:
             *((batch3,) if cfg.attention.doc_reset else ()),
         ),
     )
+
+    diagnose = _diagnostics_fn(model_cfg) if cfg.log.diagnostics else None
+    spikes = diag_lib.SpikeCounter(cfg.log.spike_margin, cfg.log.spike_window)
+    if is_main and start_step > 0 and (run_dir / "metrics.jsonl").exists():
+        for r in read_jsonl(run_dir / "metrics.jsonl"):  # already cut back to start_step
+            if isinstance(r.get("loss"), (int, float)):
+                spikes.update(int(r["step"]), float(r["loss"]))
 
     tokens_per_update = plan.sequences * cfg.data.context
     flops_update = flops_per_token(model_cfg, n_params, cfg.data.context) * tokens_per_update
@@ -282,15 +291,33 @@ def train(cfg: Config) -> RunResult:
                         f"non-finite loss ({loss}) or gradient norm at step {step}; stopped. {good}. "
                         "Lower train.lr, raise train.warmup_steps, or set train.on_nan=skip."
                     )
+                if spikes.enabled:
+                    mean_before = spikes.mean
+                    if spikes.update(step, loss):
+                        record["diag/spike"] = True
+                        log.print(
+                            f"loss spike at step {step}: {loss:.4f} > running mean "
+                            f"{mean_before:.4f} + {cfg.log.spike_margin} (spike {spikes.count})"
+                        )
+                    record["diag/spikes"] = spikes.count
                 if cfg.log.eval_every > 0 and (step % cfg.log.eval_every == 0 or step == total):
-                    record["val_loss"] = _evaluate(eval_step, state.params, to_global, cfg, plan)
-                if step % cfg.log.every == 0 or step == total:
+                    record.update(_evaluate(eval_step, state.params, to_global, cfg, plan))
+                reached = (
+                    cfg.train.target_val_acc is not None
+                    and isinstance(record.get("val_acc"), float)
+                    and record["val_acc"] >= cfg.train.target_val_acc
+                )
+                if step % cfg.log.every == 0 or step == total or reached:
+                    if diagnose is not None:
+                        stats = diagnose(state.params, arrays[0], *arrays[2:])
+                        record.update(diag_lib.flatten(stats))
                     line = (
                         f"step {step:>6} | loss {loss:.4f} | lr {record['lr']:.2e} | "
                         f"gnorm {record['grad_norm']:.3f} | {dt * 1000:.1f} ms | "
                         f"{record['tokens_per_s']:,.0f} tok/s"
                         + (f" | MFU {record['mfu'] * 100:.1f}%" if record["mfu"] else "")
                         + (f" | val {record['val_loss']:.4f}" if "val_loss" in record else "")
+                        + (f" | acc {record['val_acc']:.4f}" if "val_acc" in record else "")
                         + (" | SKIPPED (non-finite)" if record["skipped"] else "")
                     )
                     log.log(record, line)
@@ -301,12 +328,19 @@ def train(cfg: Config) -> RunResult:
                 if stop.signal is not None:
                     stopped_by = "signal"
                     break
+                if reached:
+                    stopped_by = "target_val_acc"
+                    log.print(
+                        f"held-out accuracy {record['val_acc']:.4f} >= train.target_val_acc="
+                        f"{cfg.train.target_val_acc} at step {step}: stopping"
+                    )
+                    break
                 if cfg.train.max_hours is not None and record["hours"] >= cfg.train.max_hours:
                     stopped_by = "max_hours"
                     break
             if last_saved != step:
                 save(step, force=True)
-            if stopped_by != "max_steps":
+            if stopped_by not in ("max_steps", "target_val_acc"):
                 log.print(
                     f"stopped by {stopped_by} at step {step}; checkpoint saved in {checkpointer.directory}"
                 )
@@ -441,9 +475,23 @@ class RunDirectoryInUseError(UsageError):
     """``checkpoint.resume=never`` on a run directory that already holds checkpoints."""
 
 
-def _evaluate(eval_step, params, to_global, cfg: Config, plan: BatchPlan) -> float | None:
-    """Mean loss over the first ``log.eval_batches`` batches of the held-out split (the same
-    batches at every evaluation, so the numbers compare across steps and runs)."""
+def _diagnostics_fn(model_cfg):
+    """The jitted per-layer statistics (``log.diagnostics``) of the step's first micro-batch:
+    ``(params, inputs[, segments]) -> {name: [n_layer]}``; a program of its own, so the training
+    step is compiled exactly as without diagnostics."""
+
+    def stats(params, inputs, segments=None):
+        seg = None if segments is None else segments[0]
+        return model_diagnostics(params, inputs[0], model_cfg, segment_ids=seg)
+
+    return jax.jit(stats)
+
+
+def _evaluate(eval_step, params, to_global, cfg: Config, plan: BatchPlan) -> dict[str, float]:
+    """``{"val_loss"}`` (and ``"val_acc"`` with ``log.eval_accuracy``): the mean loss over the
+    first ``log.eval_batches`` batches of the held-out split (the same batches at every
+    evaluation, so the numbers compare across steps and runs), and the fraction of their counted
+    targets predicted exactly."""
     loader = data_lib.make_loader(
         cfg.data,
         "validation",
@@ -452,13 +500,20 @@ def _evaluate(eval_step, params, to_global, cfg: Config, plan: BatchPlan) -> flo
         jax.process_count(),
         segments=cfg.attention.doc_reset,
     )
-    losses = []
+    losses, hits, counted = [], 0, 0
     try:
         for _, batch in zip(range(cfg.log.eval_batches), loader):
-            losses.append(float(eval_step(params, *to_global(batch))))
+            out = eval_step(params, *to_global(batch))
+            if cfg.log.eval_accuracy:
+                out, h, c = out
+                hits, counted = hits + int(h), counted + int(c)
+            losses.append(float(out))
     finally:
         loader.close()
-    return float(np.mean(losses)) if losses else None
+    result: dict[str, float] = {"val_loss": float(np.mean(losses)) if losses else None}
+    if cfg.log.eval_accuracy:
+        result["val_acc"] = hits / counted if counted else None
+    return result
 
 
 def _memory_in_use() -> int | None:

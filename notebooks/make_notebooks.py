@@ -2,7 +2,7 @@
 
     .venv/bin/python notebooks/make_notebooks.py
 
-Both notebooks read their inputs from environment variables (set by tests/test_experiments_
+The notebooks read their inputs from environment variables (set by tests/test_experiments_
 notebooks.py to the fixtures in tests/fixtures/) or default to the newest files in the
 repository, and write figures to ``NOTEBOOK_FIG_DIR`` (default: a temporary directory).
 """
@@ -208,6 +208,111 @@ display(Image(filename=str(png)))
 ]
 
 
+LEARNING = [
+    new_markdown_cell(
+        "# Learning experiments on CPU: MQAR and the context finding\n\n"
+        "Two results this repository produces on a 2-core CPU with the cluster's code paths:\n\n"
+        "1. **MQAR** (`scripts/mqar.py`, `benchmarks/results/mqar_cpu.json`): associative "
+        "recall accuracy of softmax and linear attentions at Zoology's (L, N) = (256, 16) cell "
+        "and ReBased's length sweep, beside the published numbers.\n"
+        "2. **Loss against context** (`scripts/sweep.py configs/sweeps/context_cpu.yaml`, run "
+        "directories under `runs/context-cpu`): a small GPT-2 on Shakespeare at contexts "
+        "128..2048 for flash, LT_chunked, LT_chunked + doc_reset and LT_chunked + decay gate; "
+        "the post's two learning figures, the gap to flash, and the stability diagnostics "
+        "(`log.diagnostics`) of each run."
+    ),
+    new_code_cell(
+        SETUP
+        + """
+# Parameters: the MQAR report and the context runs (environment variables, else the repository's).
+MQAR_RESULTS = os.environ.get("MQAR_RESULTS") or str(REPO / "benchmarks" / "results" / "mqar_cpu.json")
+CONTEXT_RUNS = os.environ.get("CONTEXT_RUNS") or str(REPO / "runs" / "context-cpu")
+SMOOTH = float(os.environ.get("LOSS_SMOOTH", "0.8"))
+print(MQAR_RESULTS, CONTEXT_RUNS)
+""",
+        metadata={"tags": ["parameters"]},
+    ),
+    new_markdown_cell("## MQAR: ours beside the published accuracies"),
+    new_code_cell(
+        """\
+from linear_gpt2 import mqar
+
+report = mqar.read_report(MQAR_RESULTS)
+rows = report["rows"]
+print(f"{len(rows)} runs; {report['meta'].get('machine')}; {report['meta'].get('note')}")
+display(Markdown(mqar.markdown(rows, report["meta"])))
+png = mqar.plot(rows, FIG_DIR / "mqar_accuracy.png")
+display(Image(filename=str(png)))
+"""
+    ),
+    new_code_cell(
+        """\
+soft = [r for r in rows if r["attention"] in ("softmax", "flash")]
+ok = all(r["accuracy"] is not None and r["accuracy"] >= 0.99 for r in soft)
+print(f"softmax >= 99% in every setting: {ok} "
+      f"({', '.join(f'{r[\'protocol\']} L={r[\'L\']}: {r[\'accuracy\']:.3f}' for r in soft)})")
+based = mqar.PUBLISHED["mqar-rebased"]["Based (ReBased fig. 1)"]
+for att in dict.fromkeys(r["attention"] for r in rows if r["protocol"] == "mqar-rebased"):
+    pts = {r["L"]: r["accuracy"] for r in rows if r["protocol"] == "mqar-rebased" and r["attention"] == att}
+    below = [L for L, a in sorted(pts.items()) if a is not None and L in based and a < based[L]]
+    print(f"{att}: below Based at L = {below or 'none'}")
+"""
+    ),
+    new_markdown_cell("## Loss against context: final held-out loss and the gap to flash"),
+    new_code_cell(
+        """\
+from linear_gpt2 import plots
+
+runs = plots.find_runs([CONTEXT_RUNS])
+table = plots.context_table(runs)
+print(f"{len(runs)} runs: " + ", ".join(r.name for r in runs))
+display(Markdown(plots.context_table_markdown(table)))
+gaps = {}
+for x in table:
+    if x["gap"] is not None and not x["baseline"]:
+        gaps.setdefault(x["variant"], []).append((x["context"], x["gap"]))
+for v, pts in gaps.items():
+    pts.sort()
+    trend = "grows" if pts[-1][1] > pts[0][1] else "does not grow"
+    print(f"{v}: gap to flash {pts[0][1]:+.3f} at {pts[0][0]} -> {pts[-1][1]:+.3f} at {pts[-1][0]}: {trend}")
+"""
+    ),
+    new_code_cell(
+        """\
+for size in dict.fromkeys(r.size for r in runs):
+    group = [r for r in runs if r.size == size]
+    display(Image(filename=str(plots.plot_final_loss_vs_context(group, FIG_DIR / f"final_loss_vs_context_{size}.png"))))
+    display(Image(filename=str(plots.plot_curves_by_context(group, FIG_DIR / f"curves_by_context_{size}.png", smooth=SMOOTH))))
+"""
+    ),
+    new_markdown_cell(
+        "## Stability diagnostics\n\n"
+        "Last logged value per run, averaged over layers (`diag/layer{i}/...` in "
+        "`metrics.jsonl`): the linear normaliser's minimum, the state's norm at the end of the "
+        "row, the attention output's RMS, the mean decay; and the loss spikes counted."
+    ),
+    new_code_cell(
+        """\
+import numpy as np
+
+def last_diag(run, name):
+    for r in reversed(run.records):
+        vals = [v for k, v in r.items() if k.startswith("diag/layer") and k.endswith("/" + name)]
+        if vals:
+            return float(np.mean(vals))
+    return None
+
+fmt = lambda v: "" if v is None else f"{v:.4g}"
+lines = ["| run | context | den_min | state_norm | out_rms | gamma_mean | spikes |", "|---|---|---|---|---|---|---|"]
+for r in sorted(runs, key=lambda r: (r.variant, r.context)):
+    spikes = max([x.get("diag/spikes", 0) for x in r.records] or [0])
+    lines.append(f"| {r.variant} | {r.context} | " + " | ".join(fmt(last_diag(r, n)) for n in ("den_min", "state_norm", "out_rms", "gamma_mean")) + f" | {spikes} |")
+display(Markdown("\\n".join(lines)))
+"""
+    ),
+]
+
+
 def write(name, cells):
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {
@@ -223,4 +328,8 @@ def write(name, cells):
 if __name__ == "__main__":
     write("step_time_analysis.ipynb", STEP_TIME)
     write("loss_curves.ipynb", LOSS)
-    print("wrote notebooks/step_time_analysis.ipynb and notebooks/loss_curves.ipynb")
+    write("learning_on_cpu.ipynb", LEARNING)
+    print(
+        "wrote notebooks/step_time_analysis.ipynb, notebooks/loss_curves.ipynb and "
+        "notebooks/learning_on_cpu.ipynb"
+    )

@@ -12,12 +12,19 @@ its API (needs network and ``wandb login``). Writes into ``--out``:
   context, solid = linear attention, dashed = softmax (one figure per model size);
 - ``final_loss_vs_params.png``: final loss against parameter count, one line per context and
   attention family;
-- ``final_loss.md``: the table behind it.
+- ``final_loss.md``: the table behind it;
+- ``final_loss_vs_context_<size>.png``: final held-out loss against context, one line per
+  attention variant (``flash``, ``LT_chunked``, ``LT_chunked+reset``, ``LT_chunked+gate``, ...);
+- ``curves_by_context_<size>.png``: one panel per context, the variants' loss curves;
+- ``context_table.md``: held-out loss per variant x context with the gap to the softmax
+  baseline (``flash``/``softmax`` without resets) at each context; ``context_table.csv`` the
+  same, one row per run.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from pathlib import Path
 
@@ -41,6 +48,7 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--wandb-entity", default=None)
     p.add_argument("--smooth", type=float, default=0.9, help="EMA weight of history (0 = raw)")
     p.add_argument("--out", default="figures")
+    p.add_argument("--label", default="", help="appended to every figure's title (machine, budget)")
     args = p.parse_args(argv)
     runs = plots.find_runs(args.runs) if args.runs else []
     if args.wandb_project:
@@ -57,10 +65,35 @@ def _main(argv: list[str]) -> int:
             group,
             out / f"learning_curves_{size}.png",
             smooth=args.smooth,
-            title=f"GPT-2 {size}: linear (solid) vs softmax (dashed), by context",
+            title=f"GPT-2 {size}: linear (solid) vs softmax (dashed), by context{args.label}",
         )
         print(f"wrote {path} ({len(group)} runs)")
+        path = plots.plot_final_loss_vs_context(
+            group,
+            out / f"final_loss_vs_context_{size}.png",
+            title=f"{size}: final held-out loss vs context{args.label}",
+        )
+        print(f"wrote {path}")
+        path = plots.plot_curves_by_context(
+            group,
+            out / f"curves_by_context_{size}.png",
+            smooth=args.smooth,
+            title=f"{size}{args.label}",
+        )
+        print(f"wrote {path}")
     print(f"wrote {plots.plot_final_loss_vs_params(runs, out / 'final_loss_vs_params.png')}")
+    ctx_rows = plots.context_table(runs)
+    with (out / "context_table.csv").open("w", newline="") as f:
+        fields = ["size", "variant", "context", "steps", "val", "train", "gap", "name"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(ctx_rows)
+    table = plots.context_table_markdown(ctx_rows)
+    (out / "context_table.md").write_text(
+        "Final held-out loss per attention variant (rows) and context (columns); in parentheses "
+        "the gap to the softmax baseline at that context.\n\n" + table
+    )
+    print(table)
     rows = plots.final_loss_table(runs)
     lines = ["| run | size | context | attention | steps | hours | final loss |", "|---" * 7 + "|"]
     for r in rows:

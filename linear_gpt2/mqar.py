@@ -1,0 +1,256 @@
+"""MQAR on CPU: the two published protocols, our runs, and the report beside the papers' numbers.
+
+Protocols (sweep files in ``configs/sweeps/``, one run per attention and setting, each a
+normal training run of ``scripts/train.py`` on ``data.source: mqar``; see
+``linear_gpt2/data/mqar.py`` for the task):
+
+- ``mqar-zoology`` (``mqar_zoology.yaml``): Zoology's figure 2 cell (L, N) = (256, 16),
+  d_model 64, one head, learned positions, two attention-only layers. Published: attention
+  reaches ~1.0, every gated-convolution model (H3, Hyena, RWKV, BaseConv) <= 0.15.
+- ``mqar-rebased`` (``mqar_rebased.yaml``): the ReBased paper's length sweep (Aksenov et al.
+  2024, corl-team/rebased), d_model 64, N = 16 at L = 128 and L / 4 beyond, with a kernel-3
+  short convolution before the mixer. Published: Based (linear attention with a 2nd-order
+  Taylor feature map, 16 features) ~1.0 / 0.98 / 0.89 / 0.33 at L = 128 / 256 / 512 / 1024;
+  attention (after the same convolution) 1.0 throughout.
+
+Both papers train AdamW (weight decay 0.1) on 100,000 examples for up to 64 epochs with a cosine
+schedule, stop at 99% test accuracy, sweep the learning rate (Zoology 1e-4 .. 1e-2, 4 values;
+ReBased 5e-4, 1e-3, 3e-3, 1e-2 with 5 seeds) and report the best. The CPU protocols keep the
+task, the models and the stopping rule and shrink the rest (batch, steps, test set, one
+learning rate and one seed), which the report states beside every number.
+
+:func:`collect` reads finished run directories; :func:`write_report` writes
+``mqar_cpu.{csv,json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+SWEEPS = {
+    "mqar-zoology": REPO_ROOT / "configs" / "sweeps" / "mqar_zoology.yaml",
+    "mqar-rebased": REPO_ROOT / "configs" / "sweeps" / "mqar_rebased.yaml",
+}
+
+# Published accuracies at d_model 64 (best over the learning-rate sweep), by protocol and L.
+PUBLISHED: dict[str, dict[str, dict[int, float]]] = {
+    "mqar-zoology": {
+        "attention (Zoology fig. 2)": {256: 1.0},
+        "best gated convolution (Zoology fig. 2, upper bound)": {256: 0.15},
+    },
+    "mqar-rebased": {
+        "attention + conv (ReBased fig. 1)": {128: 1.0, 256: 1.0, 512: 1.0, 1024: 1.0},
+        "Based (ReBased fig. 1)": {128: 1.0, 256: 0.98, 512: 0.89, 1024: 0.33},
+    },
+}
+SOURCES = {
+    "mqar-zoology": "Arora et al. 2023, Zoology, figure 2 (HazyResearch/zoology, "
+    "zoology/experiments/paper/zoology_figure2.py)",
+    "mqar-rebased": "Aksenov et al. 2024, ReBased, figure 1 (corl-team/rebased, "
+    "configs/main_fig_sweep.yaml)",
+}
+
+
+def variant(config: dict[str, Any]) -> str:
+    """``softmax``, ``LT_chunked/softplus``, ``LT_chunked/elu1``, ``LT_chunked/softplus+gate``
+    from a run's flat config."""
+    name = str(config.get("attention.name"))
+    if name not in ("softmax", "flash"):
+        name += f"/{config.get('attention.feature_map', 'softplus')}"
+        if config.get("attention.decay") not in (None, "none"):
+            name += f"+{config['attention.decay']}"
+    return name
+
+
+def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """One row per MQAR run directory (``config.yaml`` + ``metrics.jsonl``): protocol (the
+    sweep's name, ``log.wandb_group``), L, N, attention variant, learning rate, seed, steps run,
+    whether it stopped at the target accuracy, the final and best held-out accuracy, the
+    training wall time."""
+    from linear_gpt2.plots import find_runs
+
+    rows = []
+    for run in find_runs(run_dirs):
+        c = run.config
+        if c.get("data.source") != "mqar":
+            continue
+        accs = [(r["step"], r["val_acc"]) for r in run.records if _num(r.get("val_acc"))]
+        steps = [r["step"] for r in run.records if _num(r.get("loss"))]
+        times = [r["step_time_s"] for r in run.records if _num(r.get("step_time_s"))]
+        target = c.get("train.target_val_acc")
+        final = accs[-1][1] if accs else None
+        rows.append(
+            dict(
+                protocol=str(c.get("log.wandb_group") or "mqar"),
+                L=int(c["data.context"]),
+                N=int(c["data.mqar.num_kv_pairs"]),
+                attention=variant(c),
+                d_model=int(c["model.n_embd"]),
+                short_conv=int(c.get("model.short_conv") or 0),
+                lr=float(c["train.lr"]),
+                seed=int(c.get("seed", 0)),
+                batch=int(c["train.tokens_per_update"]) // int(c["data.context"]),
+                max_steps=int(c["train.max_steps"]),
+                steps=int(steps[-1]) if steps else 0,
+                reached_target=bool(target is not None and final is not None and final >= target),
+                accuracy=final,
+                best_accuracy=max(a for _, a in accs) if accs else None,
+                test_examples=int(c["data.mqar.test_examples"]),
+                train_seconds=round(sum(times), 1),
+                run=run.name,
+            )
+        )
+    order = {"softmax": 0, "flash": 0}
+    return sorted(
+        rows, key=lambda r: (r["protocol"], r["L"], order.get(r["attention"], 1), r["attention"])
+    )
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.3f}"
+
+
+def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The report: per protocol, our accuracy per attention and L beside the published ones."""
+    lines = [
+        "# MQAR on CPU: ours beside the published numbers",
+        "",
+        f"Measured on {meta.get('machine', 'this machine')} ({meta.get('note', '')}).",
+        "Ours: final held-out accuracy (fraction of queries whose value is the argmax over the "
+        "8192-way vocabulary) on the first `test_examples` of the test split, one seed and one "
+        "learning rate per run, stopped at 99% as the papers stop. Published: best over the "
+        "papers' learning-rate sweeps.",
+        "",
+    ]
+    for protocol in dict.fromkeys(r["protocol"] for r in rows):
+        mine = [r for r in rows if r["protocol"] == protocol]
+        Ls = sorted(
+            {r["L"] for r in mine} | {L for v in PUBLISHED.get(protocol, {}).values() for L in v}
+        )
+        Ns = {r["L"]: r["N"] for r in mine}
+        lines += [
+            f"## {protocol}",
+            "",
+            f"Published: {SOURCES.get(protocol, '')}.",
+            "",
+            "| attention | "
+            + " | ".join(f"L={L}" + (f" (N={Ns[L]})" if L in Ns else "") for L in Ls)
+            + " |",
+            "|---" * (len(Ls) + 1) + "|",
+        ]
+        by = {(r["attention"], r["L"]): r for r in mine}
+        for att in dict.fromkeys(r["attention"] for r in mine):
+            cells = []
+            for L in Ls:
+                r = by.get((att, L))
+                if r is None:
+                    cells.append("")
+                else:
+                    stop = "" if r["reached_target"] else f", {r['steps']} steps"
+                    cells.append(f"{_fmt(r['accuracy'])}{stop}")
+            lines.append(f"| ours: {att} | " + " | ".join(cells) + " |")
+        for name, values in PUBLISHED.get(protocol, {}).items():
+            lines.append(
+                f"| published: {name} | " + " | ".join(_fmt(values.get(L)) for L in Ls) + " |"
+            )
+        lines += ["", "Settings of our runs:", ""]
+        lines += [
+            "| attention | L | N | lr | seed | batch | steps (max) | stopped at 99% | "
+            "accuracy (best) | test examples | train s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in mine:
+            lines.append(
+                f"| {r['attention']} | {r['L']} | {r['N']} | {r['lr']:g} | {r['seed']} | {r['batch']} | "
+                f"{r['steps']} ({r['max_steps']}) | {'yes' if r['reached_target'] else 'no'} | "
+                f"{_fmt(r['accuracy'])} ({_fmt(r['best_accuracy'])}) | {r['test_examples']} | "
+                f"{r['train_seconds']:.0f} |"
+            )
+        lines.append("")
+    if meta.get("notes"):
+        lines += ["## Notes", "", *(f"- {n}" for n in meta["notes"]), ""]
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> Path:
+    """Accuracy against L: one panel per protocol, our attentions as lines (markers), the
+    published ones dashed."""
+    from linear_gpt2.plots import _plt, _save
+
+    plt = _plt()
+    protocols = list(dict.fromkeys(r["protocol"] for r in rows)) or list(PUBLISHED)
+    fig, axes = plt.subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4.2), squeeze=False)
+    for ax, protocol in zip(axes[0], protocols):
+        mine = [r for r in rows if r["protocol"] == protocol]
+        for att in dict.fromkeys(r["attention"] for r in mine):
+            pts = sorted(
+                (r["L"], r["accuracy"])
+                for r in mine
+                if r["attention"] == att and r["accuracy"] is not None
+            )
+            if pts:
+                ax.plot(*zip(*pts), "o-", label=f"ours: {att}")
+        for name, values in PUBLISHED.get(protocol, {}).items():
+            pts = sorted(values.items())
+            ax.plot(*zip(*pts), "x--", alpha=0.7, label=f"published: {name}")
+        ax.set_xscale("log", base=2)
+        Ls = sorted(
+            {r["L"] for r in mine} | {L for v in PUBLISHED.get(protocol, {}).values() for L in v}
+        )
+        ax.set_xticks(Ls)
+        ax.set_xticklabels([str(L) for L in Ls])
+        ax.minorticks_off()
+        ax.set_ylim(-0.02, 1.05)
+        ax.set_xlabel("sequence length L")
+        ax.set_ylabel("MQAR accuracy")
+        ax.set_title(protocol)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
+def write_report(
+    rows: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    meta: dict[str, Any],
+    name: str = "mqar_cpu",
+) -> dict[str, Path]:
+    """``<name>.csv``, ``.json`` (rows, published numbers, ``meta``), ``.md`` and ``.png`` in
+    ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "json", "md", "png")}
+    fields = list(rows[0]) if rows else ["protocol", "L", "N", "attention", "accuracy"]
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    published = {
+        p: {k: {str(L): a for L, a in v.items()} for k, v in d.items()}
+        for p, d in PUBLISHED.items()
+    }
+    paths["json"].write_text(
+        json.dumps({"meta": meta, "rows": list(rows), "published": published}, indent=1) + "\n"
+    )
+    paths["md"].write_text(markdown(rows, meta))
+    machine = meta.get("machine", "this machine")
+    title = f"ours: measured on {machine} (steps and settings: {name}.md); published: dashed"
+    plot(rows, paths["png"], title=title)
+    return paths
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """A ``mqar_cpu.json`` written by :func:`write_report`."""
+    return json.loads(Path(path).read_text())
