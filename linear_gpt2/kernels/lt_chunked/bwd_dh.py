@@ -30,14 +30,12 @@ from __future__ import annotations
 
 from functools import partial
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from linear_gpt2 import kernels
+from linear_gpt2.kernels.lt_chunked import fwd_h, tiles
 from linear_gpt2.kernels.lt_chunked import plan as plan_lib
-from linear_gpt2.kernels.lt_chunked import tiles
 
 F32 = jnp.float32
 
@@ -96,37 +94,10 @@ def chunk_bwd_dh(fq, dy, r, delta, blocks: plan_lib.Blocks, b=None, s=None):
     fq, dy ``[B, T, H, D]``; r, delta ``[B, H, T]`` float32; with forgetting b ``[B, T, H]``
     float32 and s ``[B, T]`` int32 as in ``fwd_h``."""
     B, T, H, D = fq.shape
-    c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
-    N = T // c
-    L = N // G
+    c, BV, G = blocks.c, blocks.bv, blocks.segments
+    L = T // c // G
     seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
     seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))
     rows = pl.BlockSpec((None, None, L * c), lambda g, b, h, iv: (b, h, g))
     in_specs, args = [seg, seg_v, rows, rows], [fq, dy, r, delta]
-    forget = b is not None
-    if forget:
-        in_specs += [
-            pl.BlockSpec((None, L * c, None), lambda g, b, h, iv: (b, g, h)),
-            pl.BlockSpec((None, L * c), lambda g, b, h, iv: (b, g)),
-        ]
-        args += [b, s]
-    return pl.pallas_call(
-        partial(_kernel, c=c, bt=bt, L=L, forget=forget),
-        grid=(G, B, H, D // BV),
-        in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((None, None, L, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
-            pl.BlockSpec((None, None, L, D), lambda g, b, h, iv: (b, h, g, 0)),
-            pl.BlockSpec((None, None, None, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
-            pl.BlockSpec((None, None, None, D), lambda g, b, h, iv: (b, h, g, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((B, H, N, D, D), F32),
-            jax.ShapeDtypeStruct((B, H, N, D), F32),
-            jax.ShapeDtypeStruct((B, H, G, D, D), F32),
-            jax.ShapeDtypeStruct((B, H, G, D), F32),
-        ],
-        compiler_params=plan_lib.compiler_params("bwd_dh", D, blocks),
-        interpret=kernels.interpret(),
-        name="lt_chunked_bwd_dh",
-    )(*args)
+    return fwd_h.launch_state_pass(_kernel, "bwd_dh", in_specs, args, (B, T, H, D), blocks, b, s)

@@ -101,21 +101,32 @@ def chunk_fwd_h(fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks, b=None, s=
     T = N c, D a power of two; with forgetting b ``[B, T, H]`` float32 (chunk-local cumulative
     log-gates) and s ``[B, T]`` int32 (document index within the chunk)."""
     B, T, H, D = fk.shape
-    c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
-    N = T // c
-    L = N // G
+    c, BV, G = blocks.c, blocks.bv, blocks.segments
+    L = T // c // G
     seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
     seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))
     in_specs, args = [seg, seg_v], [fk, v]
+    return launch_state_pass(_kernel, "fwd_h", in_specs, args, (B, T, H, D), blocks, b, s)
+
+
+def launch_state_pass(kernel, name, in_specs, args, shape, blocks: plan_lib.Blocks, b, s):
+    """The launch both state passes share (``fwd_h`` here, ``bwd_dh`` in reverse): grid
+    (G, B, H, D/bv); the inputs given, plus b, s with forgetting; outputs the per-chunk states
+    [B, H, N, D, D] and [B, H, N, D] and each segment's total [B, H, G, D, D], [B, H, G, D],
+    float32."""
+    B, T, H, D = shape
+    c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
+    N = T // c
+    L = N // G
     forget = b is not None
     if forget:
-        in_specs += [
+        in_specs = in_specs + [
             pl.BlockSpec((None, L * c, None), lambda g, b, h, iv: (b, g, h)),
             pl.BlockSpec((None, L * c), lambda g, b, h, iv: (b, g)),
         ]
-        args += [b, s]
+        args = args + [b, s]
     return pl.pallas_call(
-        partial(_kernel, c=c, bt=bt, L=L, forget=forget),
+        partial(kernel, c=c, bt=bt, L=L, forget=forget),
         grid=(G, B, H, D // BV),
         in_specs=in_specs,
         out_specs=[
@@ -130,7 +141,7 @@ def chunk_fwd_h(fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks, b=None, s=
             jax.ShapeDtypeStruct((B, H, G, D, D), F32),
             jax.ShapeDtypeStruct((B, H, G, D), F32),
         ],
-        compiler_params=plan_lib.compiler_params("fwd_h", D, blocks),
+        compiler_params=plan_lib.compiler_params(name, D, blocks),
         interpret=kernels.interpret(),
-        name="lt_chunked_fwd_h",
+        name=f"lt_chunked_{name}",
     )(*args)
