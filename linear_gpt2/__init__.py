@@ -22,3 +22,16 @@ def _skip_cuda_checks_without_a_driver() -> None:
 
 
 _skip_cuda_checks_without_a_driver()
+
+
+def _let_the_allocator_use_the_gpu() -> None:
+    # JAX's GPU allocator takes 75% of the card by default (about 59.6 GiB of an 80 GB H100).
+    # The memory plans assume most of the card: the h100 target's budget is 72 GiB, and on the
+    # device memory_plan's auto budget is the allocator's limit times 0.92. With the default
+    # share, auto rematerialised steps that fit, and LT_state_parallel at 16k ran out of memory
+    # (measured on an H100, benchmarks/results/step_time_h100_measured.md). 0.95 leaves ~4 GiB to
+    # the CUDA context and cuDNN/cuBLAS workspaces; a value the user set is kept.
+    _os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+
+
+_let_the_allocator_use_the_gpu()

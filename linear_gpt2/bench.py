@@ -234,6 +234,10 @@ class StepResult:
     # for this shape (pallas_chunk / pallas_fused_chunk; kernels/lt_chunked/cost.py).
     kernel_design: str | None = None
     memory_bytes: int | None = None
+    # What model.remat / model.loss_chunk "auto" resolved to for the timed step (memory_plan: the
+    # cheapest setting that fits the device), so a slow point that was rematerialised says so.
+    remat: str | None = None
+    loss_chunk: int | None = None
     oom_reason: str | None = None
     error: str | None = None
 
@@ -300,6 +304,8 @@ def bench_setting(
         if best is None or med < best[0]:
             best = (med, c, times)
             result.memory_bytes = mem
+            resolved = compile_step(cfg, batch, compiler_options)[2]  # cached: no compile
+            result.remat, result.loss_chunk = resolved.remat, resolved.loss_chunk
     if best is None:
         assert last_oom is not None
         result.status = "oom"
@@ -456,6 +462,8 @@ CSV_FIELDS = [
     "chunk_size",
     "autotune_chunk_size",
     "kernel_design",
+    "remat",
+    "loss_chunk",
     "memory_bytes",
     "times_ms",
     "chunk_ms",

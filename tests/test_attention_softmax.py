@@ -3,6 +3,7 @@ KV-cache decoder against full attention."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -327,3 +328,18 @@ def test_gpu_cudnn_float32_rejected_and_auto_falls_back():
         with jax.default_matmul_precision("highest"):
             y = jax.jit(flash.make(kernel="auto"))(q, k, v)
     assert rel_err(y, ref_attention(q, k, v)) <= F32_TOL
+
+
+@pytest.mark.gpu
+def test_gpu_cudnn_odd_length_and_documents_match_xla():
+    """cuDNN's training kernels need an even length: an odd one is padded (exact by causality),
+    with and without document resets (cuDNN's packed sequences against xla's mask)."""
+    q, k, v, dy = _qkv(seed=13, shape=(2, 37, 3, 64), dtype=jnp.bfloat16)
+    resets = jnp.zeros((2, 37), bool).at[0, 5].set(True).at[0, 36].set(True).at[1, 20].set(True)
+    for r in (None, resets):
+        fns = [functools.partial(flash.make(kernel=name), resets=r) for name in ("cudnn", "xla")]
+        ys = [jax.jit(f)(q, k, v) for f in fns]
+        assert rel_err(ys[0], ys[1]) <= BF16_TOL, r is None
+        g_cudnn, g_xla = (_grads(f, q, k, v, dy) for f in fns)
+        for a, b in zip(g_cudnn, g_xla):
+            assert rel_err(a, b) <= BF16_TOL, r is None

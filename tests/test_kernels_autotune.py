@@ -147,3 +147,27 @@ def test_bench_kernels_tiny(tmp_path):
     assert csv_path.read_text().startswith("name,kernel,T,mode,seconds,tflops,status")
     table = md_path.read_text()
     assert "| LT_chunked | xla | 64 |" in table and table == out.stdout.split("\nwrote ")[0]
+
+
+@pytest.mark.gpu
+def test_gpu_measures_the_pallas_kernel_inside_a_trace(tmp_path):
+    """On a GPU the Pallas kernels are timed for real, also when the chunk size is resolved while
+    the model is being traced (a jitted call under ensure_compile_time_eval is evaluated op by op,
+    which a Pallas kernel cannot be)."""
+    shape = (1, 1024, 2, 64)
+    seen = []
+
+    @jax.jit
+    def traced(x):
+        seen.append(
+            autotune.best_chunk_size(
+                "LT_chunked", shape, jnp.bfloat16, "pallas", cache_dir=tmp_path, measure=True,
+                candidates=[64, 128], warmup=1, runs=1,
+            )
+        )  # fmt: skip
+        return x + 1
+
+    traced(jnp.zeros(()))
+    assert seen and seen[0] in (64, 128)
+    entry = next(iter(json.loads((tmp_path / "chunk_sizes.json").read_text()).values()))
+    assert set(entry["seconds"]) == {"64", "128"} and all(entry["seconds"].values())

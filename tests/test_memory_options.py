@@ -142,3 +142,19 @@ def test_default_cpu_step_is_the_program_compiled_before_the_options():
         prog = jit_train_step(cfg, tx, mesh, accum=2, batch=1, context=32)
         texts.append(prog.step.lower(*prog.args).as_text())
     assert texts[0] == texts[1]
+
+
+def test_the_gpu_allocator_share_defaults_high_and_keeps_the_users(tmp_path):
+    """JAX's allocator takes 75% of a GPU unless told otherwise, which made auto rematerialise
+    steps that fit on a real H100; importing the package raises the default, never a user's."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, linear_gpt2; print(os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_MEM_FRACTION"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "0.95", out.stderr
+    env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.5"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "0.5", out.stderr

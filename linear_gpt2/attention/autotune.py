@@ -115,14 +115,25 @@ def time_chunk_size(name, shape, dtype, kernel, chunk_size, *, feature_map, eps,
 
     fn = attention.get(name, feature_map=feature_map, chunk_size=chunk_size, kernel=kernel, eps=eps)
 
-    @jax.jit
     def step(q, k, v, dy):
         y, vjp = jax.vjp(fn, q, k, v)
         return y, vjp(dy)
 
+    # Compiled ahead of time, outside ensure_compile_time_eval, and called as an executable:
+    # under that context a jitted function is evaluated op by op and a Pallas kernel traced with
+    # the eval trace, which it cannot be on a GPU ("Evaluation rule for 'program_id' not
+    # implemented"). Lowering is a fresh trace, so this also works inside a caller's jit trace.
+    spec = jax.ShapeDtypeStruct(shape, dtype)
+    try:
+        compiled = jax.jit(step).lower(spec, spec, spec, spec).compile()
+    except Exception as e:  # noqa: BLE001 - only out-of-memory is expected and skipped
+        if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
+            return None
+        raise
     with jax.ensure_compile_time_eval():  # run eagerly, also when called inside a jit trace
         keys = jax.random.split(jax.random.key(0), 4)
         q, k, v, dy = (jax.random.normal(kk, shape, dtype) for kk in keys)
+        step = compiled
         try:
             for _ in range(warmup):
                 jax.block_until_ready(step(q, k, v, dy))

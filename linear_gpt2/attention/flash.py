@@ -129,11 +129,21 @@ def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array, resets=None) -> jax.Array:
             f"flash attention kernel='cudnn' needs bfloat16 or float16 inputs, got {q.dtype}; "
             f"set model.dtype=bfloat16, or use kernel=auto (falls back to xla) or kernel=xla|pallas"
         )
+    T = q.shape[1]
+    if T % 2:
+        # cuDNN's training kernels need an even sequence length; a zero key/value after the last
+        # token is masked for every real query by causality, and the padded query is sliced off.
+        pad = ((0, 0), (0, 1), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(t, pad) for t in (q, k, v))
+        if resets is not None:
+            resets = jnp.pad(resets, ((0, 0), (0, 1)), constant_values=True)
     if resets is not None:
-        return _cudnn_packed(q, k, v, resets)
-    return jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, scale=_scale(q), implementation="cudnn"
-    )
+        y = _cudnn_packed(q, k, v, resets)
+    else:
+        y = jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, scale=_scale(q), implementation="cudnn"
+        )
+    return y[:, :T]
 
 
 def _auto(q: jax.Array, k: jax.Array, v: jax.Array, resets=None) -> jax.Array:
