@@ -52,7 +52,9 @@ def setup(tmp_path_factory):
 def _env(devices: int, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        # The suite's own flags (conftest: fast CPU compiles) plus the device count.
+        XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+        f"--xla_force_host_platform_device_count={devices}".strip(),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=str(ROOT),
         **extra,
