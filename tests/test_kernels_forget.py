@@ -11,6 +11,11 @@ at position 0, none in a row (a document longer than the row); T odd (padded), D
 chunk at c = 128); the gradient kernels in one, two or three (three: the plan's with
 forgetting); the sequence split into 1, 2 and 4 segments (the decayed segment prefix).
 
+``LT_attention_parallel``'s flash-style kernel pair with forgetting (``kernel=pallas``) against
+the same recurrence: resets at a block's first and last position, several in one block, none in
+a row, decay none / fixed / gate, phi softplus and elu1, T odd, D = 24 (padded), 16-row and
+32-row blocks, float32 and bfloat16.
+
 Tolerances as tests/test_kernels.py: float32 1e-5 for outputs and 1e-4 for gradients
 (measured <= 1e-6); bfloat16 against the float32 oracle on the same rounded inputs 1e-2 / 2e-2.
 """
@@ -27,6 +32,7 @@ from linear_gpt2.attention import linear, lt_chunked
 from linear_gpt2.kernels import lt_chunked as chunked_kernels
 from linear_gpt2.kernels.lt_chunked import plan
 from tests.helpers import rel_err
+from tests.test_attention_linear import _phi
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
@@ -52,10 +58,11 @@ def make(shape, resets_at, decay="gate", seed=0, dtype=jnp.float32):
     return q, k, v, dy, log_gate, resets
 
 
-def reference_scan(q, k, v, log_gate, resets):
-    """float64 y ``[B, T, H, D]``: tests/test_attention_forget.py's recurrence (phi = softplus),
-    as a ``lax.scan`` over positions so that it jits (its Python loop is slow at T = 256)."""
-    fq, fk = jax.nn.softplus(q), jax.nn.softplus(k)
+def reference_scan(q, k, v, log_gate, resets, feature_map="softplus"):
+    """float64 y ``[B, T, H, D]``: tests/test_attention_forget.py's recurrence, as a
+    ``lax.scan`` over positions so that it jits (its Python loop is slow at T = 256)."""
+    phi = _phi(feature_map, jnp)
+    fq, fk = phi(q), phi(k)
     B, T, H, D = q.shape
     g = jnp.exp(log_gate) * jnp.where(resets, 0.0, 1.0)[..., None]  # [B, T, H]
 
@@ -73,11 +80,12 @@ def reference_scan(q, k, v, log_gate, resets):
     return jnp.moveaxis(jax.lax.scan(step, init, xs)[1], 0, 1)
 
 
-def reference_grads(q, k, v, log_gate, resets, dy):
+def reference_grads(q, k, v, log_gate, resets, dy, feature_map="softplus"):
     """The float64 recurrence's y and its gradients (dq, dk, dv, dlog_gate)."""
     with jax.enable_x64(True):
         args = [jnp.asarray(np.asarray(x, np.float64)) for x in (q, k, v, log_gate)]
-        f = jax.jit(lambda *a: jax.vjp(lambda *b: reference_scan(*b, jnp.asarray(resets)), *a))
+        r = jnp.asarray(resets)
+        f = jax.jit(lambda *a: jax.vjp(lambda *b: reference_scan(*b, r, feature_map), *a))
         y, vjp = f(*args)
         return np.asarray(y), [np.asarray(g) for g in vjp(jnp.asarray(np.asarray(dy, np.float64)))]
 
@@ -263,3 +271,56 @@ def test_decoder_prefill_with_forgetting_through_the_kernels():
         out[kernel] = dec.prefill(state, *(x[:, 8:] for x in args), **part)
     (y, (S, z)), (y_x, (S_x, z_x)) = out["pallas"], out["xla"]
     assert rel_err(y, y_x) <= 1e-5 and rel_err(S, S_x) <= 1e-5 and rel_err(z, z_x) <= 1e-5
+
+
+# --------------------------------------------------------------------------------------------
+# LT_attention_parallel's flash-style kernel with forgetting
+
+
+PARALLEL_CASES = [  # shape, c, resets in row 0 (None: no resets input), decay, phi, dtype
+    # T = 61 padded to 64 (L and seg edge-padded), D = 24 padded to 32; resets at a block's first
+    # (16) and last (31) position and three in block 2; row 1 is one document longer than it.
+    ((2, 61, 2, 24), 16, (16, 31, 35, 38, 40), "gate", "softplus", "float32"),
+    ((2, 61, 2, 24), 16, (16, 31, 35, 38, 40), "fixed", "elu1", "float32"),
+    ((2, 61, 2, 24), 16, (0, 16, 31, 47), "none", "softplus", "float32"),  # resets only
+    ((1, 80, 2, 16), 32, None, "gate", "elu1", "float32"),  # gates only; 32-row blocks
+    ((2, 48, 2, 16), 16, (15, 16, 20), "gate", "softplus", "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("shape, c, resets_at, decay, feature_map, dtype", PARALLEL_CASES, ids=str)
+def test_parallel_kernel_equals_the_float64_recurrence(
+    shape, c, resets_at, decay, feature_map, dtype
+):
+    """``LT_attention_parallel`` ``kernel=pallas`` with resets and gates runs its Pallas kernel
+    pair (no fallback warning, no XLA path) and equals the recurrence: values and gradients with
+    respect to q, k, v and the log-gates."""
+    import warnings
+
+    dtype = jnp.dtype(dtype)
+    q, k, v, dy, log_gate, resets = make(shape, resets_at or (), decay, dtype=dtype)
+    fn = attention.get(
+        "LT_attention_parallel", feature_map=feature_map, chunk_size=c, kernel="pallas", eps=EPS
+    )
+    r = None if resets_at is None else jnp.asarray(resets)
+
+    def call(q, k, v, *g):
+        y = fn(q, k, v, resets=r, log_gate=g[0] if g else None)
+        return y.astype(jnp.float32)
+
+    args = [jnp.asarray(x, dtype) for x in (q, k, v)]
+    if log_gate is not None:
+        args.append(jnp.asarray(log_gate))
+    fwd = jax.jit(lambda *a: jax.vjp(call, *a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jaxpr = str(jax.make_jaxpr(fwd)(*args))
+        y, vjp = fwd(*args)
+    assert "lt_attention_parallel_forward" in jaxpr, "the Pallas forward kernel"
+    grads = vjp(jnp.asarray(dy))
+    g64 = np.zeros(shape[:3], np.float32) if log_gate is None else log_gate
+    ref, ref_grads = reference_grads(q, k, v, g64, resets, dy, feature_map)
+    tol, gtol = (1e-5, 1e-4) if dtype == "float32" else (1e-2, 2e-2)
+    assert rel_err(y, ref) <= tol, rel_err(y, ref)
+    for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), grads, ref_grads):
+        assert rel_err(np.asarray(g, np.float32), r64) <= gtol, (label, rel_err(g, r64))

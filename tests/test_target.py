@@ -165,6 +165,21 @@ def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D, 
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
+@pytest.mark.parametrize("c", [64, 128])
+@pytest.mark.parametrize("D", [64, 128])
+def test_parallel_kernels_with_resets_and_gates_compile_without_spills(D, c):
+    """``LT_attention_parallel`` ``kernel=pallas`` with resets and decay gates: its own kernel
+    pair (the pair weights built per tile, d(log_gate) from the backward), no XLA fallback,
+    without spills and within shared memory (compiled: forward 128 / 120 registers, backward
+    247 / 163 at D = 64 / 128)."""
+    r = target.compile_attention(
+        "LT_attention_parallel", (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True,
+        chunk_size=c, kernel="pallas", resets=True, log_gate=True,
+    )  # fmt: skip
+    assert _names(r, "lt_attention_parallel_") == {"forward", "backward"}
+    assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+
+
 @pytest.mark.parametrize("T", [16384, 131072])
 def test_chunk_parallel_kernels_fill_the_h100_at_batch_1(T):
     """B = 1, H = 12, D = 64 (the post's timing setting): kernel=pallas picks the chunk-parallel

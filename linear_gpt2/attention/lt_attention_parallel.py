@@ -33,7 +33,9 @@ Forgetting (``linear.Forget``): each score is multiplied by w_ij = exp(L_i - L_j
 document, L the cumulative log gamma (computed outside, so autodiff carries its gradient to the
 gates), the mask built per block pair from the block's positions and segment ids. The backward
 pass then also returns dL: with s_ij = A_ij w_ij and dS_ij = dnum_i . v_j - dnum_i . y_i,
-dL_i = sum_j dS_ij s_ij (as a query) - sum_k dS_ki s_ki (as a key).
+dL_i = sum_j dS_ij s_ij (as a query) - sum_k dS_ki s_ki (as a key). ``kernel=pallas`` has the
+same interface in its kernels (``FORGET_IMPLEMENTATIONS``; this module's
+``blocked_forget_attention`` is their oracle).
 """
 
 from __future__ import annotations
@@ -275,6 +277,12 @@ def _pallas(fq, fk, v, c: int, eps: float) -> jax.Array:
     return lt_attention_parallel.blocked_attention(fq, fk, v, c, eps)
 
 
+def _pallas_forget(fq, fk, v, L, seg, c: int, eps: float) -> jax.Array:
+    from linear_gpt2.kernels import lt_attention_parallel
+
+    return lt_attention_parallel.blocked_forget_attention(fq, fk, v, L, seg, c, eps)
+
+
 # kernel name -> implementation of ``blocked_linear_attention``'s interface (``auto`` is pallas
 # on a GPU when the block size suits it, xla otherwise; see ``linear_gpt2.kernels``). The fused
 # kernels need a power-of-two block size >= 16.
@@ -283,6 +291,11 @@ IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {
     "pallas": _pallas,
 }
 FUSED = ("pallas",)
+# The same with resets / decay gates: ``blocked_forget_attention``'s interface.
+FORGET_IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {
+    "xla": blocked_forget_attention,
+    "pallas": _pallas_forget,
+}
 
 
 def _block_size(kernel: str, chunk_size: int, T: int) -> int:
@@ -321,8 +334,6 @@ def make(
         name = kernels.resolve_kernel(
             kernel, "LT_attention_parallel", ("auto", *IMPLEMENTATIONS), chunk_size, q.shape[-1]
         )
-        if forget is not None and name in FUSED:
-            name = kernels.forget_fallback(kernel, name, "LT_attention_parallel")
         impl = IMPLEMENTATIONS[name]
         T = q.shape[1]
         block = chunk_size
@@ -356,7 +367,7 @@ def make(
         # would overflow exp and turn their discarded outputs, then the gradients, into NaN).
         L = jnp.pad(L, ((0, 0), (0, pad), (0, 0)), mode="edge")
         seg = jnp.pad(seg, ((0, 0), (0, pad)), mode="edge")
-        y = blocked_forget_attention(fq, fk, v.astype(q.dtype), L, seg, c, float(eps))
+        y = FORGET_IMPLEMENTATIONS[name](fq, fk, v.astype(q.dtype), L, seg, c, float(eps))
         return y[:, :T]
 
     return fn

@@ -216,6 +216,14 @@ def check_chunk_option(chunk_size, variant: str) -> None:
         raise ValueError(f"{variant}: chunk_size must be an int >= 1 or 'auto', got {chunk_size!r}")
 
 
+def check_fused_shape(T: int, D: int, c: int, what: str) -> None:
+    """What a fused kernel pair takes: a valid block size c dividing T, and head dim D."""
+    check_block_size(c, f"{what}: chunk_size")
+    check_head_dim(D, what)
+    if T % c:
+        raise ValueError(f"{what}: chunk_size={c} does not divide T={T}")
+
+
 def fused_linear_attention(forward: Callable, backward: Callable, what: str) -> Callable:
     """Wrap a kernel pair into ``(phi(q), phi(k), v, c, eps) -> y``, differentiable.
 
@@ -242,11 +250,8 @@ def fused_linear_attention(forward: Callable, backward: Callable, what: str) -> 
     core.defvjp(core_fwd, core_bwd)
 
     def attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float) -> jax.Array:
-        T, D = fq.shape[1], fq.shape[-1]
-        check_block_size(c, f"{what}: chunk_size")
-        check_head_dim(D, what)
-        if T % c:
-            raise ValueError(f"{what}: chunk_size={c} does not divide T={T}")
+        D = fq.shape[-1]
+        check_fused_shape(fq.shape[1], D, c, what)
         Dp = padded_head_dim(D)
         fq, fk, v = (pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
         return core(fq, fk, v, c, float(eps))[..., :D]

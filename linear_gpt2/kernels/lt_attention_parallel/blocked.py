@@ -4,7 +4,7 @@ Here c is the kernel's block, ``tile(c, D)``: the block size asked for, at most 
 D = 128), so that the [c, c] and [c, D] tiles compile without spills on the H100.
 
 Same function as :func:`linear_gpt2.attention.lt_attention_parallel.blocked_linear_attention`
-(the oracle). Forward, grid (T/c, B, H), one program per query block n:
+(the oracle; with forgetting ``blocked_forget_attention`` there). Forward, grid (T/c, B, H), one program per query block n:
 
     num, den = 0, 0                                      float32 [c, D], [c]
     for m = 0 .. n:                                      blocks m > n are all masked: skipped
@@ -26,6 +26,25 @@ tile from dY, Y and den (elementwise, cheap next to the dots):
 
 Memory: O(T D) per head (inputs, outputs, den); the [c, c] tiles live in registers.
 
+With document resets and decay gates (:func:`blocked_forget_attention`, the same two kernels
+with two more inputs): L float32 ``[B, T, H]``, the cumulative log-gate, and seg int32
+``[B, T]``, the document id of each position, both read per tile as ``[c]`` vectors. Every
+tile's scores and score cotangents are multiplied by the pair weights
+
+    W_ij = [j <= i, seg_i = seg_j] exp(L_i - L_j)          float32 [c, c], once per tile
+
+(the exponent masked before exp: <= 0 on every kept pair, so nothing overflows), i.e. A and dA
+above become W * (...). The backward also writes dL (float32, per block j):
+
+    dL_j = rowsum(dS * S) over keys m <= j - colsum(dS * S) over queries i >= j
+         = phi(Q_j) . dphi(Q)_j - phi(K_j) . dphi(K)_j       (S = W * phi(Q) phi(K)^T)
+
+the identity of the ``LT_chunked`` kernels: s_ij depends on L only through phi(q_i) e^{L_i} and
+phi(k_j) e^{-L_j}. Program j holds both float32 gradients before rounding them, so dL costs two
+[c] row sums instead of an extra [c, c] product per tile (the backward's registers are the
+binding limit). Both loops stay in one kernel: with the weights it still compiles without
+spills (247 / 163 registers at D = 64 / 128, forward 128 / 120).
+
 Precision as in the ``LT_chunked`` kernels (``lt_chunked/tiles.py``): every dot's operands in the
 input dtype, the backward's cotangents g and dA rounded to it for their dots, every accumulation
 float32.
@@ -42,10 +61,12 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from linear_gpt2 import kernels
+from linear_gpt2.kernels.lt_chunked import tiles
 
 F32 = jnp.float32
 
@@ -54,23 +75,52 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.dot(a, b, preferred_element_type=F32)
 
 
-def _mask(qi, kj, c: int) -> jax.Array:
-    """``[c, c]`` bool: query position qi c + a sees key position kj c + b iff b + kj c <= ..."""
-    row = jnp.arange(c)
-    return (qi * c + row)[:, None] >= (kj * c + row)[None, :]
+def _gate(L_ref, seg_ref, rows) -> tiles.Gate | None:
+    """The forgetting inputs of ``rows`` (a ``pl.ds``): cumulative log-gates and document ids
+    ``[c]``; None without forgetting."""
+    return None if L_ref is None else tiles.Gate(L_ref[rows], seg_ref[rows])
 
 
-def _fwd_kernel(fq_ref, fk_ref, v_ref, y_ref, den_ref, *, c: int, eps: float):
-    """Query block n = program_id(0): fq/y refs ``[c, Dp]``, fk/v refs ``[T, Dp]``, den ``[c]``."""
+def _pairs(i, j, c: int, gq: tiles.Gate | None, gk: tiles.Gate | None):
+    """Which pairs of query block i and key block j interact, and how much: the mask ``[c, c]``
+    (causal; with forgetting also same document) and the weights exp(L_i - L_j) float32
+    ``[c, c]`` (None without forgetting). Computed once per tile, used by both of its scores and
+    cotangents. The exponent is masked before exp: <= 0 on every kept pair (L only decreases
+    along a row), so exp never overflows and a masked pair never becomes inf * 0."""
+    mask = tiles.tile_mask(i, j, c)
+    if gq is None:
+        return mask, None
+    mask = mask & (gq.s[:, None] == gk.s[None, :])
+    return mask, jnp.exp(jnp.where(mask, gq.b[:, None] - gk.b[None, :], 0.0))
+
+
+def _weigh(x: jax.Array, pairs) -> jax.Array:
+    mask, w = pairs
+    return jnp.where(mask, x if w is None else x * w, 0.0)
+
+
+def _unpack(refs, n_in: int, forget: bool):
+    """Split a kernel's refs into (inputs, L, seg, outputs): the forgetting inputs, when there,
+    follow the ``n_in`` others."""
+    if not forget:
+        return refs[:n_in], None, None, refs[n_in:]
+    return refs[:n_in], refs[n_in], refs[n_in + 1], refs[n_in + 2 :]
+
+
+def _fwd_kernel(*refs, c: int, eps: float, forget: bool):
+    """Query block n = program_id(0): fq/y refs ``[c, Dp]``, fk/v refs ``[T, Dp]``, den ``[c]``;
+    with forgetting L (float32) and seg (int32) refs ``[T]``."""
+    (fq_ref, fk_ref, v_ref), L_ref, seg_ref, (y_ref, den_ref) = _unpack(refs, 3, forget)
     n = pl.program_id(0)
     Dp = fq_ref.shape[-1]
     fq = fq_ref[...]
+    gq = _gate(L_ref, seg_ref, pl.ds(n * c, c))
 
     def key_block(m, carry):
         num, den = carry
         rows = pl.ds(m * c, c)
         fk, v = fk_ref[rows, :], v_ref[rows, :]
-        A = jnp.where(_mask(n, m, c), _dot(fq, fk.T), 0.0)
+        A = _weigh(_dot(fq, fk.T), _pairs(n, m, c, gq, _gate(L_ref, seg_ref, rows)))
         return num + _dot(A.astype(v.dtype), v), den + jnp.sum(A, axis=1)
 
     init = (jnp.zeros((c, Dp), F32), jnp.zeros((c,), F32))
@@ -86,16 +136,14 @@ def _cotangents(dy_ref, y_ref, den_ref, rows, eps: float):
     return g, jnp.sum(g * y_ref[rows, :].astype(F32), axis=1)
 
 
-def _bwd_kernel(
-    fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref, dq_ref, dk_ref, dv_ref, *, c, n_blocks, eps
+def _key_block_grads(
+    j, fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, n_blocks, eps
 ):
-    """Block j = program_id(0): inputs ``[T, Dp]`` (den ``[T]``), outputs ``[c, Dp]``."""
-    j = pl.program_id(0)
-    Dp = fq_ref.shape[-1]
+    """dphi(K)_j, dV_j float32 ``[c, Dp]`` of key block j: query blocks i >= j (earlier ones do
+    not see it)."""
     own = pl.ds(j * c, c)
-
-    # dphi(K)_j, dV_j: query blocks i >= j (earlier ones do not see key block j).
     fk_j, v_j = fk_ref[own, :], v_ref[own, :]
+    gk = _gate(L_ref, seg_ref, own)
     dt = fk_j.dtype
 
     def query_block(i, carry):
@@ -103,27 +151,56 @@ def _bwd_kernel(
         rows = pl.ds(i * c, c)
         fq = fq_ref[rows, :]
         g, delta = _cotangents(dy_ref, y_ref, den_ref, rows, eps)
-        mask = _mask(i, j, c)
-        A = jnp.where(mask, _dot(fq, fk_j.T), 0.0)
-        dA = jnp.where(mask, _dot(g.astype(dt), v_j.T) - delta[:, None], 0.0)
+        pairs = _pairs(i, j, c, _gate(L_ref, seg_ref, rows), gk)
+        A = _weigh(_dot(fq, fk_j.T), pairs)
+        dA = _weigh(_dot(g.astype(dt), v_j.T) - delta[:, None], pairs)
         return dk + _dot(dA.astype(dt).T, fq), dv + _dot(A.astype(dt).T, g.astype(dt))
 
-    zeros = jnp.zeros((c, Dp), F32)
-    dk, dv = lax.fori_loop(j, n_blocks, query_block, (zeros, zeros))
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    zeros = jnp.zeros((c, fk_j.shape[-1]), F32)
+    return lax.fori_loop(j, n_blocks, query_block, (zeros, zeros))
 
-    # dphi(Q)_j: key blocks m <= j.
+
+def _query_block_grads(j, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, eps):
+    """dphi(Q)_j float32 ``[c, Dp]`` of query block j: key blocks m <= j."""
+    own = pl.ds(j * c, c)
     g_j, delta_j = _cotangents(dy_ref, y_ref, den_ref, own, eps)
+    gq = _gate(L_ref, seg_ref, own)
+    dt = fk_ref.dtype
 
     def key_block(m, dq):
         rows = pl.ds(m * c, c)
         fk, v = fk_ref[rows, :], v_ref[rows, :]
-        dA = jnp.where(_mask(j, m, c), _dot(g_j.astype(dt), v.T) - delta_j[:, None], 0.0)
+        pairs = _pairs(j, m, c, gq, _gate(L_ref, seg_ref, rows))
+        dA = _weigh(_dot(g_j.astype(dt), v.T) - delta_j[:, None], pairs)
         return dq + _dot(dA.astype(dt), fk)
 
-    dq = lax.fori_loop(0, j + 1, key_block, zeros)
-    dq_ref[...] = dq.astype(dq_ref.dtype)
+    return lax.fori_loop(0, j + 1, key_block, jnp.zeros((c, fk_ref.shape[-1]), F32))
+
+
+def _log_gate_part(x_ref, dx, rows) -> jax.Array:
+    """``[c]`` float32 rowsum(phi(X) * dphi(X)) of ``rows``, dphi(X) before rounding: a block's
+    share of dL (see the module docstring)."""
+    return jnp.sum(x_ref[rows, :].astype(F32) * dx, axis=1)
+
+
+def _bwd_kernel(*refs, c: int, n_blocks: int, eps: float, forget: bool):
+    """Block j = program_id(0): inputs ``[T, Dp]`` (den, L, seg ``[T]``), outputs ``[c, Dp]``
+    (dL ``[c]``)."""
+    ins, L_ref, seg_ref, outs = _unpack(refs, 6, forget)
+    fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref = ins
+    j = pl.program_id(0)
+    own = pl.ds(j * c, c)
+    dk, dv = _key_block_grads(
+        j, fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, n_blocks, eps
+    )
+    outs[1][...] = dk.astype(outs[1].dtype)
+    outs[2][...] = dv.astype(outs[2].dtype)
+    if forget:  # only a [c] vector stays live across the second loop
+        cols = _log_gate_part(fk_ref, dk, own)
+    dq = _query_block_grads(j, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, eps)
+    outs[0][...] = dq.astype(outs[0].dtype)
+    if forget:
+        outs[3][...] = _log_gate_part(fq_ref, dq, own) - cols
 
 
 def _compiler_params(Dp: int, backward: bool = False):
@@ -143,16 +220,27 @@ def tile(c: int, Dp: int) -> int:
     return plan.tile(c, Dp)
 
 
-def _forward(fq, fk, v, c: int, eps: float):
+def _forget_specs(T: int):
+    """BlockSpecs of L ``[B, T, H]`` and seg ``[B, T]``: the whole sequence of one (b, h)."""
+    return [
+        pl.BlockSpec((None, T, None), lambda n, b, h: (b, 0, h)),
+        pl.BlockSpec((None, T), lambda n, b, h: (b, 0)),
+    ]
+
+
+def _forward(fq, fk, v, c: int, eps: float, L=None, seg=None):
+    """y ``[B, T, H, Dp]`` and den float32 ``[B, H, T]``; with forgetting when L (float32
+    ``[B, T, H]``) and seg (int32 ``[B, T]``) are given."""
     B, T, H, Dp = fq.shape
     c = tile(c, Dp)
+    forget = L is not None
     block = pl.BlockSpec((None, c, None, Dp), lambda n, b, h: (b, n, h, 0))
     seq = pl.BlockSpec((None, T, None, Dp), lambda n, b, h: (b, 0, h, 0))
     den = pl.BlockSpec((None, None, c), lambda n, b, h: (b, h, n))
     return pl.pallas_call(
-        partial(_fwd_kernel, c=c, eps=eps),
+        partial(_fwd_kernel, c=c, eps=eps, forget=forget),
         grid=(T // c, B, H),
-        in_specs=[block, seq, seq],
+        in_specs=[block, seq, seq, *(_forget_specs(T) if forget else [])],
         out_specs=[block, den],
         out_shape=[
             jax.ShapeDtypeStruct((B, T, H, Dp), v.dtype),
@@ -161,25 +249,35 @@ def _forward(fq, fk, v, c: int, eps: float):
         compiler_params=_compiler_params(Dp),
         interpret=kernels.interpret(),
         name="lt_attention_parallel_forward",
-    )(fq, fk, v)
+    )(fq, fk, v, *((L, seg) if forget else ()))
 
 
-def _backward(fq, fk, v, y, dy, den, c: int, eps: float):
+def _backward(fq, fk, v, y, dy, den, c: int, eps: float, L=None, seg=None):
+    """dphi(q), dphi(k), dv ``[B, T, H, Dp]``; with forgetting also dL float32 ``[B, T, H]``."""
     B, T, H, Dp = fq.shape
     c = tile(c, Dp)
+    forget = L is not None
     block = pl.BlockSpec((None, c, None, Dp), lambda n, b, h: (b, n, h, 0))
     seq = pl.BlockSpec((None, T, None, Dp), lambda n, b, h: (b, 0, h, 0))
     den_spec = pl.BlockSpec((None, None, T), lambda n, b, h: (b, h, 0))
-    return pl.pallas_call(
-        partial(_bwd_kernel, c=c, n_blocks=T // c, eps=eps),
+    out_specs = [block, block, block]
+    out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (fq, fk, v)]
+    if forget:
+        out_specs.append(pl.BlockSpec((None, None, c), lambda n, b, h: (b, h, n)))
+        out_shape.append(jax.ShapeDtypeStruct((B, H, T), F32))
+    out = pl.pallas_call(
+        partial(_bwd_kernel, c=c, n_blocks=T // c, eps=eps, forget=forget),
         grid=(T // c, B, H),
-        in_specs=[seq, seq, seq, seq, seq, den_spec],
-        out_specs=[block, block, block],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (fq, fk, v)],
+        in_specs=[seq, seq, seq, seq, seq, den_spec, *(_forget_specs(T) if forget else [])],
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=_compiler_params(Dp, backward=True),
         interpret=kernels.interpret(),
         name="lt_attention_parallel_backward",
-    )(fq, fk, v, y, dy, den)
+    )(fq, fk, v, y, dy, den, *((L, seg) if forget else ()))
+    if forget:
+        return (*out[:3], jnp.swapaxes(out[3], 1, 2))
+    return tuple(out)
 
 
 blocked_attention = kernels.fused_linear_attention(
@@ -191,3 +289,40 @@ fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``, T a multiple of the block size c 
 >= 16); any D (zero-padded to a power of two >= 16). Returns y ``[B, T, H, D]``; differentiable
 (``custom_vjp`` with the blocked backward kernel). The interface of
 ``lt_attention_parallel.IMPLEMENTATIONS``."""
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _forget_core(fq, fk, v, L, seg, c: int, eps: float):
+    return _forward(fq, fk, v, c, eps, L, seg)[0]
+
+
+def _forget_core_fwd(fq, fk, v, L, seg, c, eps):
+    y, den = _forward(fq, fk, v, c, eps, L, seg)
+    return y, (fq, fk, v, L, seg, y, den)
+
+
+def _forget_core_bwd(c, eps, residuals, dy):
+    fq, fk, v, L, seg, y, den = residuals
+    dq, dk, dv, dL = _backward(fq, fk, v, y, dy.astype(y.dtype), den, c, eps, L, seg)
+    return dq, dk, dv, dL, np.zeros(seg.shape, dtype=jax.dtypes.float0)
+
+
+_forget_core.defvjp(_forget_core_fwd, _forget_core_bwd)
+
+
+def blocked_forget_attention(fq, fk, v, L, seg, c: int, eps: float) -> jax.Array:
+    """:func:`blocked_attention` with document resets and decay: pair weights
+    [j <= i, seg_i = seg_j] exp(L_i - L_j), the interface of
+    ``attention.lt_attention_parallel.blocked_forget_attention`` (the oracle).
+
+    fq, fk, v ``[B, T, H, D]``; L float32 ``[B, T, H]`` the cumulative log-gate (non-increasing
+    along each document; padding repeats the last value), seg int32 ``[B, T]`` the document id of
+    each position. Returns y ``[B, T, H, D]``, differentiable in fq, fk, v and L (residuals
+    O(T D): the inputs, y and den)."""
+    what = "LT_attention_parallel kernel=pallas"
+    D = fq.shape[-1]
+    kernels.check_fused_shape(fq.shape[1], D, c, what)
+    Dp = kernels.padded_head_dim(D)
+    fq, fk, v = (kernels.pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
+    y = _forget_core(fq, fk, v, L.astype(F32), seg.astype(jnp.int32), c, float(eps))
+    return y[..., :D]
