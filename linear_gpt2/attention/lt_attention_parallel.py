@@ -30,10 +30,16 @@ computed per key block m: dphi(Q) accumulates over m, dV_m and dphi(K)_m are sum
 query blocks. The gradient through phi itself is left to autodiff.
 
 Forgetting (``linear.Forget``): each score is multiplied by w_ij = exp(L_i - L_j) within a
-document, L the cumulative log gamma (computed outside, so autodiff carries its gradient to the
-gates), the mask built per block pair from the block's positions and segment ids. The backward
+document, L the cumulative log gamma, the mask built per block pair from the block's positions
+and segment ids. L itself is never formed: in float32 the difference of two nearby positions
+is lost once |L| is large (gamma = 0.3 over 1M tokens: |L| ~ 1e6, ~0.07 off in the exponent).
+With b the cumulative log gamma within each block and G_m block m's total, for query block n and
+key block m < n, L_i - L_j = b_i + R_nm + (G_m - b_j), R_nm = G_{m+1} + ... + G_{n-1}, and
+b_i - b_j on the diagonal: every term is <= 0, and R is accumulated near to far (the scan runs
+over the key blocks downwards), never as a difference of long sums. The backward
 pass then also returns dL: with s_ij = A_ij w_ij and dS_ij = dnum_i . v_j - dnum_i . y_i,
-dL_i = sum_j dS_ij s_ij (as a query) - sum_k dS_ki s_ki (as a key). ``kernel=pallas`` has the
+dL_i = sum_j dS_ij s_ij (as a query) - sum_k dS_ki s_ki (as a key), and d(log gamma) its
+reverse cumulative sum. ``kernel=pallas`` has the
 same interface in its kernels (``FORGET_IMPLEMENTATIONS``; this module's
 ``blocked_forget_attention`` is their oracle).
 """
@@ -172,70 +178,95 @@ blocked_linear_attention.defvjp(_fwd, _bwd)
 # With forgetting: decays exp(L_i - L_j) and document masks per block pair
 
 
-def _forget_blocks(L, seg, Q_pos, k_pos, m, c):
-    """For key block m against every query block: mask ``[B, N, 1, c, c]`` (causal, same
-    document) and weights ``[B, N, H, c, c]`` exp(L_i - L_j) (0 where masked).
-    L float32 [B, T, H]; seg int32 [B, T]."""
-    B, T, H = L.shape
-    N = T // c
-    Lq = jnp.swapaxes(_blocks(L, c), 2, 3)  # [B, N, H, c]
-    Lk = jnp.swapaxes(lax.dynamic_slice_in_dim(L, m * c, c, axis=1), 1, 2)  # [B, H, c]
+def _block_gates(log_gate: jax.Array, c: int) -> tuple[jax.Array, jax.Array]:
+    """Block-local cumulative log-gates b ``[B, N, H, c]`` (b_i = sum of log gamma from the
+    block's first position to i) and the block totals G ``[B, N, H]`` (b at the block's end)."""
+    b = jnp.swapaxes(jnp.cumsum(_blocks(log_gate.astype(F32), c), axis=2), 2, 3)
+    return b, b[..., -1]
+
+
+def _forget_blocks(b, G, R, seg, Q_pos, k_pos, m, c):
+    """For key block m against every query block n: mask ``[B, N, 1, c, c]`` (causal, same
+    document) and weights ``[B, N, H, c, c]`` exp(L_i - L_j) (0 where masked), with the exponent
+    taken from block-local sums (module docstring): b_i - b_j when n = m, else
+    b_i + R_n + (G_m - b_j), R ``[B, N, H]`` the totals of the blocks strictly between."""
+    bk = lax.dynamic_index_in_dim(b, m, axis=1, keepdims=False)  # [B, H, c]
+    Gm = lax.dynamic_index_in_dim(G, m, axis=1, keepdims=False)  # [B, H]
     sq = _blocks(seg, c)  # [B, N, c]
     sk = lax.dynamic_slice_in_dim(seg, m * c, c, axis=1)  # [B, c]
     mask = (Q_pos[:, :, None] >= k_pos[None, None, :])[None, :, None]  # [1, N, 1, c, c]
     mask = mask & (sq[:, :, None, :, None] == sk[:, None, None, None, :])
-    diff = Lq[..., :, None] - Lk[:, None, :, None, :]  # [B, N, H, c, c]
-    del N
+    diag = (jnp.arange(b.shape[1]) == m)[None, :, None, None]  # [1, N, 1, 1]
+    # The key's share of the exponent per query block: -b_j on the diagonal block, else
+    # R_n + e_j with e_j = G_m - b_j formed first (both block-local, so it is exact where it
+    # matters: e_j = 0 for the block's last key however large G_m is).
+    e = Gm[..., None] - bk  # [B, H, c]
+    key = jnp.where(diag, -bk[:, None], R[..., None] + e[:, None])
+    diff = b[..., :, None] + key[..., None, :]  # [B, N, H, c, c]
     return mask, jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
-def _forward_forget(fq, fk, v, L, seg, c: int, eps: float):
+def _between(R, G, m):
+    """R after key block m (the scan runs m downwards): block m's total joins the sum of every
+    later query block, added near to far so that R never is a difference of long sums."""
+    later = (jnp.arange(R.shape[1]) > m)[None, :, None]
+    return R + jnp.where(later, lax.dynamic_index_in_dim(G, m, axis=1, keepdims=True), 0.0)
+
+
+def _forward_forget(fq, fk, v, log_gate, seg, c: int, eps: float):
     B, T, H, D = fq.shape
     N = T // c
     Q = _blocks(fq, c)
     q_pos = jnp.arange(N * c).reshape(N, c)
+    b, G = _block_gates(log_gate, c)
 
     def key_block(carry, x):
-        num, den = carry
+        num, den, R = carry
         k_m, v_m, m = x
-        _, W = _forget_blocks(L, seg, q_pos, m * c + jnp.arange(c), m, c)
+        _, W = _forget_blocks(b, G, R, seg, q_pos, m * c + jnp.arange(c), m, c)
         S = jnp.einsum("bnihd,bjhd->bnhij", Q, k_m, preferred_element_type=F32) * W
         num = num + jnp.einsum(
             "bnhij,bjhd->bnihd", S.astype(v.dtype), v_m, preferred_element_type=F32
         )
-        return (num, den + S.sum(-1)), None
+        return (num, den + S.sum(-1), _between(R, G, m)), None
 
-    init = (jnp.zeros((B, N, c, H, D), F32), jnp.zeros((B, N, H, c), F32))
+    init = (
+        jnp.zeros((B, N, c, H, D), F32),
+        jnp.zeros((B, N, H, c), F32),
+        jnp.zeros((B, N, H), F32),
+    )
     xs = (_key_blocks(fk, c), _key_blocks(v, c), jnp.arange(N))
-    (num, den), _ = lax.scan(key_block, init, xs)
+    (num, den, _), _ = lax.scan(key_block, init, xs, reverse=True)
     den = jnp.swapaxes(den, 2, 3).reshape(B, T, H)
     y = num.reshape(B, T, H, D) * _reciprocal(den, eps)[..., None]
     return y, den
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def blocked_forget_attention(fq, fk, v, L, seg, c: int, eps: float):
-    """:func:`blocked_linear_attention` with the pair weights exp(L_i - L_j) and document masks
-    (``seg`` int32 [B, T]); differentiable in fq, fk, v and L (float32 [B, T, H])."""
-    return _forward_forget(fq, fk, v, L, seg, c, eps)[0].astype(v.dtype)
+def blocked_forget_attention(fq, fk, v, log_gate, seg, c: int, eps: float):
+    """:func:`blocked_linear_attention` with the pair weights exp(L_i - L_j), L the cumulative
+    log-gate, and document masks (``seg`` int32 [B, T]); ``log_gate`` float32 [B, T, H] is
+    log gamma per position (<= 0; 0 on padding). Differentiable in fq, fk, v and log_gate."""
+    return _forward_forget(fq, fk, v, log_gate, seg, c, eps)[0].astype(v.dtype)
 
 
-def _fwd_forget(fq, fk, v, L, seg, c, eps):
-    y, den = _forward_forget(fq, fk, v, L, seg, c, eps)
-    return y.astype(v.dtype), (fq, fk, v, L, seg, y, den)
+def _fwd_forget(fq, fk, v, log_gate, seg, c, eps):
+    y, den = _forward_forget(fq, fk, v, log_gate, seg, c, eps)
+    return y.astype(v.dtype), (fq, fk, v, log_gate, seg, y, den)
 
 
 def _bwd_forget(c, eps, residuals, dy):
-    fq, fk, v, L, seg, y, den = residuals
+    fq, fk, v, log_gate, seg, y, den = residuals
     B, T, H, D = fq.shape
     N = T // c
     Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
     q_pos = jnp.arange(N * c).reshape(N, c)
+    b, G = _block_gates(log_gate, c)
 
     def key_block(carry, x):
-        dQ, dLq = carry
+        dQ, dLq, R = carry
         k_m, v_m, m = x
-        mask, W = _forget_blocks(L, seg, q_pos, m * c + jnp.arange(c), m, c)
+        mask, W = _forget_blocks(b, G, R, seg, q_pos, m * c + jnp.arange(c), m, c)
         P = jnp.einsum("bnihd,bjhd->bnhij", Q, k_m, preferred_element_type=F32)
         S = P * W
         dS = jnp.einsum("bnihd,bjhd->bnhij", dNum, v_m, preferred_element_type=F32)
@@ -247,11 +278,11 @@ def _bwd_forget(c, eps, residuals, dy):
         dSS = dS * S
         dLq = dLq + dSS.sum(-1)  # [B, N, H, c]: as queries
         dLk_m = -jnp.einsum("bnhij->bjh", dSS)  # [B, c, H]: as keys
-        return (dQ, dLq), (dk_m, dv_m, dLk_m)
+        return (dQ, dLq, _between(R, G, m)), (dk_m, dv_m, dLk_m)
 
     xs = (_key_blocks(fk, c), _key_blocks(v, c), jnp.arange(N))
-    init = (jnp.zeros(Q.shape, F32), jnp.zeros((B, N, H, c), F32))
-    (dQ, dLq), (dK, dV, dLk) = lax.scan(key_block, init, xs)
+    init = (jnp.zeros(Q.shape, F32), jnp.zeros((B, N, H, c), F32), jnp.zeros((B, N, H), F32))
+    (dQ, dLq, _), (dK, dV, dLk) = lax.scan(key_block, init, xs, reverse=True)
 
     def unblock(x):  # [N, B, c, ...] -> [B, T, ...]
         return jnp.swapaxes(x, 0, 1).reshape(B, T, *x.shape[3:])
@@ -262,9 +293,15 @@ def _bwd_forget(c, eps, residuals, dy):
         dQ.reshape(B, T, H, D).astype(fq.dtype),
         unblock(dK).astype(fk.dtype),
         unblock(dV).astype(v.dtype),
-        dL,
+        log_gate_cotangent(dL),
         dseg,
     )
+
+
+def log_gate_cotangent(dL: jax.Array) -> jax.Array:
+    """d(log gamma) ``[B, T, H]`` from dL, the gradient with respect to the cumulative log-gate
+    L_i = sum_{k <= i} log gamma_k: the reverse cumulative sum along T."""
+    return lax.cumsum(dL, axis=1, reverse=True)
 
 
 blocked_forget_attention.defvjp(_fwd_forget, _bwd_forget)
@@ -277,10 +314,10 @@ def _pallas(fq, fk, v, c: int, eps: float) -> jax.Array:
     return lt_attention_parallel.blocked_attention(fq, fk, v, c, eps)
 
 
-def _pallas_forget(fq, fk, v, L, seg, c: int, eps: float) -> jax.Array:
+def _pallas_forget(fq, fk, v, log_gate, seg, c: int, eps: float) -> jax.Array:
     from linear_gpt2.kernels import lt_attention_parallel
 
-    return lt_attention_parallel.blocked_forget_attention(fq, fk, v, L, seg, c, eps)
+    return lt_attention_parallel.blocked_forget_attention(fq, fk, v, log_gate, seg, c, eps)
 
 
 # kernel name -> implementation of ``blocked_linear_attention``'s interface (``auto`` is pallas
@@ -356,18 +393,16 @@ def make(
             return y[:, :T]
         B, _, H, _ = q.shape
         gate = forget.log_gate if forget.log_gate is not None else jnp.zeros((B, T, H), F32)
-        L = jnp.cumsum(gate, axis=1)
         seg = (
             linear.segment_ids(forget.resets)
             if forget.resets is not None
             else jnp.zeros((B, T), jnp.int32)
         )
-        # Padded keys come after every real query (masked by causality) and carry no features;
-        # padded queries repeat the last L, so every exponent L_i - L_j stays <= 0 (a zero pad
-        # would overflow exp and turn their discarded outputs, then the gradients, into NaN).
-        L = jnp.pad(L, ((0, 0), (0, pad), (0, 0)), mode="edge")
+        # Padded positions: gamma = 1 (log 0) and the last document id; they come after every
+        # real query (masked by causality) and carry no features.
+        gate = jnp.pad(gate, ((0, 0), (0, pad), (0, 0)))
         seg = jnp.pad(seg, ((0, 0), (0, pad)), mode="edge")
-        y = FORGET_IMPLEMENTATIONS[name](fq, fk, v.astype(q.dtype), L, seg, c, float(eps))
+        y = FORGET_IMPLEMENTATIONS[name](fq, fk, v.astype(q.dtype), gate, seg, c, float(eps))
         return y[:, :T]
 
     return fn

@@ -27,14 +27,22 @@ tile from dY, Y and den (elementwise, cheap next to the dots):
 Memory: O(T D) per head (inputs, outputs, den); the [c, c] tiles live in registers.
 
 With document resets and decay gates (:func:`blocked_forget_attention`, the same two kernels
-with two more inputs): L float32 ``[B, T, H]``, the cumulative log-gate, and seg int32
-``[B, T]``, the document id of each position, both read per tile as ``[c]`` vectors. Every
-tile's scores and score cotangents are multiplied by the pair weights
+with two more inputs): b float32 ``[B, T, H]``, the cumulative log-gate *within each block*, and
+seg int32 ``[B, T]``, the document id of each position, both read per tile as ``[c]`` vectors.
+Every tile's scores and score cotangents are multiplied by the pair weights
 
     W_ij = [j <= i, seg_i = seg_j] exp(L_i - L_j)          float32 [c, c], once per tile
 
-(the exponent masked before exp: <= 0 on every kept pair, so nothing overflows), i.e. A and dA
-above become W * (...). The backward also writes dL (float32, per block j):
+with L the cumulative log-gate over the row, never formed: a float32 L loses the difference of
+two nearby positions once |L| is large (gamma = 0.3 over 1M tokens puts |L| near 1e6, an error
+near 0.07 in the exponent). For query block i and key block j < i,
+L_i - L_j = b_i + R + (G_j - b_j), with G_j block j's total and R the totals of the blocks
+strictly between, a float32 scalar each loop accumulates near to far (the forward and the dphi(Q)
+loop walk the key blocks downwards from the diagonal, the dphi(K) loop the query blocks upwards);
+on the diagonal it is b_i - b_j. Every term is <= 0 and the exponent is masked before exp, so
+nothing overflows; A and dA above become W * (...). The backward also writes dL (float32, per
+block j), the gradient with respect to L, which the wrapper turns into the log-gates' by a
+reverse cumulative sum:
 
     dL_j = rowsum(dS * S) over keys m <= j - colsum(dS * S) over queries i >= j
          = phi(Q_j) . dphi(Q)_j - phi(K_j) . dphi(K)_j       (S = W * phi(Q) phi(K)^T)
@@ -75,23 +83,34 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.dot(a, b, preferred_element_type=F32)
 
 
-def _gate(L_ref, seg_ref, rows) -> tiles.Gate | None:
-    """The forgetting inputs of ``rows`` (a ``pl.ds``): cumulative log-gates and document ids
-    ``[c]``; None without forgetting."""
-    return None if L_ref is None else tiles.Gate(L_ref[rows], seg_ref[rows])
+def _gate(b_ref, seg_ref, rows) -> tiles.Gate | None:
+    """The forgetting inputs of ``rows`` (a ``pl.ds``, one block): block-local cumulative
+    log-gates and document ids ``[c]``; None without forgetting."""
+    return None if b_ref is None else tiles.Gate(b_ref[rows], seg_ref[rows])
 
 
-def _pairs(i, j, c: int, gq: tiles.Gate | None, gk: tiles.Gate | None):
+def _total(g: tiles.Gate) -> jax.Array:
+    """The block's summed log-gate G (b at its last row), a float32 scalar: a masked sum, as
+    Triton cannot index one element of a tensor."""
+    last = jnp.arange(g.b.shape[0]) == g.b.shape[0] - 1
+    return jnp.sum(jnp.where(last, g.b, 0.0))
+
+
+def _pairs(i, j, c: int, gq: tiles.Gate | None, gk: tiles.Gate | None, R=None):
     """Which pairs of query block i and key block j interact, and how much: the mask ``[c, c]``
     (causal; with forgetting also same document) and the weights exp(L_i - L_j) float32
     ``[c, c]`` (None without forgetting). Computed once per tile, used by both of its scores and
-    cotangents. The exponent is masked before exp: <= 0 on every kept pair (L only decreases
-    along a row), so exp never overflows and a masked pair never becomes inf * 0."""
+    cotangents. L_i - L_j is b_i - b_j when i = j, else b_i + R + (G_j - b_j) with R the summed
+    log-gates of the blocks strictly between (the module docstring); every term is <= 0 and
+    none is a difference of long sums. The exponent is masked before exp, so exp never
+    overflows and a masked pair never becomes inf * 0."""
     mask = tiles.tile_mask(i, j, c)
     if gq is None:
         return mask, None
     mask = mask & (gq.s[:, None] == gk.s[None, :])
-    return mask, jnp.exp(jnp.where(mask, gq.b[:, None] - gk.b[None, :], 0.0))
+    # e_j = G_j - b_j first (block-local; exactly 0 for the last key), then R
+    key = jnp.where(i == j, -gk.b, R + (_total(gk) - gk.b))
+    return mask, jnp.exp(jnp.where(mask, gq.b[:, None] + key[None, :], 0.0))
 
 
 def _weigh(x: jax.Array, pairs) -> jax.Array:
@@ -100,7 +119,7 @@ def _weigh(x: jax.Array, pairs) -> jax.Array:
 
 
 def _unpack(refs, n_in: int, forget: bool):
-    """Split a kernel's refs into (inputs, L, seg, outputs): the forgetting inputs, when there,
+    """Split a kernel's refs into (inputs, b, seg, outputs): the forgetting inputs, when there,
     follow the ``n_in`` others."""
     if not forget:
         return refs[:n_in], None, None, refs[n_in:]
@@ -109,22 +128,26 @@ def _unpack(refs, n_in: int, forget: bool):
 
 def _fwd_kernel(*refs, c: int, eps: float, forget: bool):
     """Query block n = program_id(0): fq/y refs ``[c, Dp]``, fk/v refs ``[T, Dp]``, den ``[c]``;
-    with forgetting L (float32) and seg (int32) refs ``[T]``."""
-    (fq_ref, fk_ref, v_ref), L_ref, seg_ref, (y_ref, den_ref) = _unpack(refs, 3, forget)
+    with forgetting b (float32, block-local) and seg (int32) refs ``[T]``."""
+    (fq_ref, fk_ref, v_ref), b_ref, seg_ref, (y_ref, den_ref) = _unpack(refs, 3, forget)
     n = pl.program_id(0)
     Dp = fq_ref.shape[-1]
     fq = fq_ref[...]
-    gq = _gate(L_ref, seg_ref, pl.ds(n * c, c))
+    gq = _gate(b_ref, seg_ref, pl.ds(n * c, c))
 
-    def key_block(m, carry):
-        num, den = carry
+    def key_block(t, carry):
+        num, den, R = carry
+        m = n - t if forget else t  # with forgetting downwards, so that R grows near to far
         rows = pl.ds(m * c, c)
         fk, v = fk_ref[rows, :], v_ref[rows, :]
-        A = _weigh(_dot(fq, fk.T), _pairs(n, m, c, gq, _gate(L_ref, seg_ref, rows)))
-        return num + _dot(A.astype(v.dtype), v), den + jnp.sum(A, axis=1)
+        gk = _gate(b_ref, seg_ref, rows)
+        A = _weigh(_dot(fq, fk.T), _pairs(n, m, c, gq, gk, R))
+        if forget:
+            R = R + jnp.where(m < n, _total(gk), 0.0)
+        return num + _dot(A.astype(v.dtype), v), den + jnp.sum(A, axis=1), R
 
-    init = (jnp.zeros((c, Dp), F32), jnp.zeros((c,), F32))
-    num, den = lax.fori_loop(0, n + 1, key_block, init)
+    init = (jnp.zeros((c, Dp), F32), jnp.zeros((c,), F32), jnp.zeros((), F32))
+    num, den, _ = lax.fori_loop(0, n + 1, key_block, init)
     y_ref[...] = (num * kernels.reciprocal(den, eps)[:, None]).astype(y_ref.dtype)
     den_ref[...] = den
 
@@ -137,44 +160,54 @@ def _cotangents(dy_ref, y_ref, den_ref, rows, eps: float):
 
 
 def _key_block_grads(
-    j, fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, n_blocks, eps
+    j, fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref, b_ref, seg_ref, c, n_blocks, eps
 ):
     """dphi(K)_j, dV_j float32 ``[c, Dp]`` of key block j: query blocks i >= j (earlier ones do
     not see it)."""
     own = pl.ds(j * c, c)
     fk_j, v_j = fk_ref[own, :], v_ref[own, :]
-    gk = _gate(L_ref, seg_ref, own)
+    gk = _gate(b_ref, seg_ref, own)
     dt = fk_j.dtype
 
-    def query_block(i, carry):
-        dk, dv = carry
+    def query_block(i, carry):  # upwards from j: R grows near to far
+        dk, dv, R = carry
         rows = pl.ds(i * c, c)
         fq = fq_ref[rows, :]
         g, delta = _cotangents(dy_ref, y_ref, den_ref, rows, eps)
-        pairs = _pairs(i, j, c, _gate(L_ref, seg_ref, rows), gk)
+        gq = _gate(b_ref, seg_ref, rows)
+        pairs = _pairs(i, j, c, gq, gk, R)
         A = _weigh(_dot(fq, fk_j.T), pairs)
         dA = _weigh(_dot(g.astype(dt), v_j.T) - delta[:, None], pairs)
-        return dk + _dot(dA.astype(dt).T, fq), dv + _dot(A.astype(dt).T, g.astype(dt))
+        if gq is not None:
+            R = R + jnp.where(i > j, _total(gq), 0.0)
+        return dk + _dot(dA.astype(dt).T, fq), dv + _dot(A.astype(dt).T, g.astype(dt)), R
 
     zeros = jnp.zeros((c, fk_j.shape[-1]), F32)
-    return lax.fori_loop(j, n_blocks, query_block, (zeros, zeros))
+    dk, dv, _ = lax.fori_loop(j, n_blocks, query_block, (zeros, zeros, jnp.zeros((), F32)))
+    return dk, dv
 
 
-def _query_block_grads(j, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, eps):
+def _query_block_grads(j, fk_ref, v_ref, y_ref, dy_ref, den_ref, b_ref, seg_ref, c, eps):
     """dphi(Q)_j float32 ``[c, Dp]`` of query block j: key blocks m <= j."""
     own = pl.ds(j * c, c)
     g_j, delta_j = _cotangents(dy_ref, y_ref, den_ref, own, eps)
-    gq = _gate(L_ref, seg_ref, own)
+    gq = _gate(b_ref, seg_ref, own)
     dt = fk_ref.dtype
 
-    def key_block(m, dq):
+    def key_block(t, carry):
+        dq, R = carry
+        m = j - t if gq is not None else t  # as in the forward
         rows = pl.ds(m * c, c)
         fk, v = fk_ref[rows, :], v_ref[rows, :]
-        pairs = _pairs(j, m, c, gq, _gate(L_ref, seg_ref, rows))
+        gk = _gate(b_ref, seg_ref, rows)
+        pairs = _pairs(j, m, c, gq, gk, R)
         dA = _weigh(_dot(g_j.astype(dt), v.T) - delta_j[:, None], pairs)
-        return dq + _dot(dA.astype(dt), fk)
+        if gk is not None:
+            R = R + jnp.where(m < j, _total(gk), 0.0)
+        return dq + _dot(dA.astype(dt), fk), R
 
-    return lax.fori_loop(0, j + 1, key_block, jnp.zeros((c, fk_ref.shape[-1]), F32))
+    init = (jnp.zeros((c, fk_ref.shape[-1]), F32), jnp.zeros((), F32))
+    return lax.fori_loop(0, j + 1, key_block, init)[0]
 
 
 def _log_gate_part(x_ref, dx, rows) -> jax.Array:
@@ -184,20 +217,20 @@ def _log_gate_part(x_ref, dx, rows) -> jax.Array:
 
 
 def _bwd_kernel(*refs, c: int, n_blocks: int, eps: float, forget: bool):
-    """Block j = program_id(0): inputs ``[T, Dp]`` (den, L, seg ``[T]``), outputs ``[c, Dp]``
+    """Block j = program_id(0): inputs ``[T, Dp]`` (den, b, seg ``[T]``), outputs ``[c, Dp]``
     (dL ``[c]``)."""
-    ins, L_ref, seg_ref, outs = _unpack(refs, 6, forget)
+    ins, b_ref, seg_ref, outs = _unpack(refs, 6, forget)
     fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref = ins
     j = pl.program_id(0)
     own = pl.ds(j * c, c)
     dk, dv = _key_block_grads(
-        j, fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, n_blocks, eps
+        j, fq_ref, fk_ref, v_ref, y_ref, dy_ref, den_ref, b_ref, seg_ref, c, n_blocks, eps
     )
     outs[1][...] = dk.astype(outs[1].dtype)
     outs[2][...] = dv.astype(outs[2].dtype)
     if forget:  # only a [c] vector stays live across the second loop
         cols = _log_gate_part(fk_ref, dk, own)
-    dq = _query_block_grads(j, fk_ref, v_ref, y_ref, dy_ref, den_ref, L_ref, seg_ref, c, eps)
+    dq = _query_block_grads(j, fk_ref, v_ref, y_ref, dy_ref, den_ref, b_ref, seg_ref, c, eps)
     outs[0][...] = dq.astype(outs[0].dtype)
     if forget:
         outs[3][...] = _log_gate_part(fq_ref, dq, own) - cols
@@ -221,19 +254,19 @@ def tile(c: int, Dp: int) -> int:
 
 
 def _forget_specs(T: int):
-    """BlockSpecs of L ``[B, T, H]`` and seg ``[B, T]``: the whole sequence of one (b, h)."""
+    """BlockSpecs of b ``[B, T, H]`` and seg ``[B, T]``: the whole sequence of one (b, h)."""
     return [
         pl.BlockSpec((None, T, None), lambda n, b, h: (b, 0, h)),
         pl.BlockSpec((None, T), lambda n, b, h: (b, 0)),
     ]
 
 
-def _forward(fq, fk, v, c: int, eps: float, L=None, seg=None):
-    """y ``[B, T, H, Dp]`` and den float32 ``[B, H, T]``; with forgetting when L (float32
+def _forward(fq, fk, v, c: int, eps: float, b=None, seg=None):
+    """y ``[B, T, H, Dp]`` and den float32 ``[B, H, T]``; with forgetting when b (float32, block-local
     ``[B, T, H]``) and seg (int32 ``[B, T]``) are given."""
     B, T, H, Dp = fq.shape
     c = tile(c, Dp)
-    forget = L is not None
+    forget = b is not None
     block = pl.BlockSpec((None, c, None, Dp), lambda n, b, h: (b, n, h, 0))
     seq = pl.BlockSpec((None, T, None, Dp), lambda n, b, h: (b, 0, h, 0))
     den = pl.BlockSpec((None, None, c), lambda n, b, h: (b, h, n))
@@ -249,14 +282,14 @@ def _forward(fq, fk, v, c: int, eps: float, L=None, seg=None):
         compiler_params=_compiler_params(Dp),
         interpret=kernels.interpret(),
         name="lt_attention_parallel_forward",
-    )(fq, fk, v, *((L, seg) if forget else ()))
+    )(fq, fk, v, *((b, seg) if forget else ()))
 
 
-def _backward(fq, fk, v, y, dy, den, c: int, eps: float, L=None, seg=None):
+def _backward(fq, fk, v, y, dy, den, c: int, eps: float, b=None, seg=None):
     """dphi(q), dphi(k), dv ``[B, T, H, Dp]``; with forgetting also dL float32 ``[B, T, H]``."""
     B, T, H, Dp = fq.shape
     c = tile(c, Dp)
-    forget = L is not None
+    forget = b is not None
     block = pl.BlockSpec((None, c, None, Dp), lambda n, b, h: (b, n, h, 0))
     seq = pl.BlockSpec((None, T, None, Dp), lambda n, b, h: (b, 0, h, 0))
     den_spec = pl.BlockSpec((None, None, T), lambda n, b, h: (b, h, 0))
@@ -274,7 +307,7 @@ def _backward(fq, fk, v, y, dy, den, c: int, eps: float, L=None, seg=None):
         compiler_params=_compiler_params(Dp, backward=True),
         interpret=kernels.interpret(),
         name="lt_attention_parallel_backward",
-    )(fq, fk, v, y, dy, den, *((L, seg) if forget else ()))
+    )(fq, fk, v, y, dy, den, *((b, seg) if forget else ()))
     if forget:
         return (*out[:3], jnp.swapaxes(out[3], 1, 2))
     return tuple(out)
@@ -291,38 +324,47 @@ fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``, T a multiple of the block size c 
 ``lt_attention_parallel.IMPLEMENTATIONS``."""
 
 
+def _block_local(log_gate: jax.Array, c: int) -> jax.Array:
+    """b float32 ``[B, T, H]``: the cumulative log-gate within each kernel block of c rows."""
+    B, T, H = log_gate.shape
+    return jnp.cumsum(log_gate.reshape(B, T // c, c, H), axis=2).reshape(B, T, H)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _forget_core(fq, fk, v, L, seg, c: int, eps: float):
-    return _forward(fq, fk, v, c, eps, L, seg)[0]
+def _forget_core(fq, fk, v, log_gate, seg, c: int, eps: float):
+    b = _block_local(log_gate, tile(c, fq.shape[-1]))
+    return _forward(fq, fk, v, c, eps, b, seg)[0]
 
 
-def _forget_core_fwd(fq, fk, v, L, seg, c, eps):
-    y, den = _forward(fq, fk, v, c, eps, L, seg)
-    return y, (fq, fk, v, L, seg, y, den)
+def _forget_core_fwd(fq, fk, v, log_gate, seg, c, eps):
+    b = _block_local(log_gate, tile(c, fq.shape[-1]))
+    y, den = _forward(fq, fk, v, c, eps, b, seg)
+    return y, (fq, fk, v, b, seg, y, den)
 
 
 def _forget_core_bwd(c, eps, residuals, dy):
-    fq, fk, v, L, seg, y, den = residuals
-    dq, dk, dv, dL = _backward(fq, fk, v, y, dy.astype(y.dtype), den, c, eps, L, seg)
-    return dq, dk, dv, dL, np.zeros(seg.shape, dtype=jax.dtypes.float0)
+    from linear_gpt2.attention.lt_attention_parallel import log_gate_cotangent
+
+    fq, fk, v, b, seg, y, den = residuals
+    dq, dk, dv, dL = _backward(fq, fk, v, y, dy.astype(y.dtype), den, c, eps, b, seg)
+    return dq, dk, dv, log_gate_cotangent(dL), np.zeros(seg.shape, dtype=jax.dtypes.float0)
 
 
 _forget_core.defvjp(_forget_core_fwd, _forget_core_bwd)
 
 
-def blocked_forget_attention(fq, fk, v, L, seg, c: int, eps: float) -> jax.Array:
+def blocked_forget_attention(fq, fk, v, log_gate, seg, c: int, eps: float) -> jax.Array:
     """:func:`blocked_attention` with document resets and decay: pair weights
     [j <= i, seg_i = seg_j] exp(L_i - L_j), the interface of
     ``attention.lt_attention_parallel.blocked_forget_attention`` (the oracle).
 
-    fq, fk, v ``[B, T, H, D]``; L float32 ``[B, T, H]`` the cumulative log-gate (non-increasing
-    along each document; padding repeats the last value), seg int32 ``[B, T]`` the document id of
-    each position. Returns y ``[B, T, H, D]``, differentiable in fq, fk, v and L (residuals
-    O(T D): the inputs, y and den)."""
+    fq, fk, v ``[B, T, H, D]``; log_gate float32 ``[B, T, H]`` log gamma per position (<= 0; 0 on
+    padding), seg int32 ``[B, T]`` the document id of each position. Returns y ``[B, T, H, D]``,
+    differentiable in fq, fk, v and log_gate (residuals O(T D): the inputs, y and den)."""
     what = "LT_attention_parallel kernel=pallas"
     D = fq.shape[-1]
     kernels.check_fused_shape(fq.shape[1], D, c, what)
     Dp = kernels.padded_head_dim(D)
     fq, fk, v = (kernels.pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
-    y = _forget_core(fq, fk, v, L.astype(F32), seg.astype(jnp.int32), c, float(eps))
+    y = _forget_core(fq, fk, v, log_gate.astype(F32), seg.astype(jnp.int32), c, float(eps))
     return y[..., :D]
