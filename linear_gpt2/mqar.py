@@ -4,9 +4,14 @@ Protocols (sweep files in ``configs/sweeps/``, one run per attention and setting
 normal training run of ``scripts/train.py`` on ``data.source: mqar``; see
 ``linear_gpt2/data/mqar.py`` for the task):
 
-- ``mqar-zoology`` (``mqar_zoology.yaml``): Zoology's figure 2 cell (L, N) = (256, 16),
-  d_model 64, one head, learned positions, two attention-only layers. Published: attention
-  reaches ~1.0, every gated-convolution model (H3, Hyena, RWKV, BaseConv) <= 0.15.
+- ``mqar-zoology`` (``mqar_zoology.yaml``): Zoology's figure 2 cells (L, N) = (64, 4) and
+  (256, 16), d_model 64, one head, learned positions, two attention-only layers. Published:
+  attention reaches ~1.0, every gated-convolution model (H3, Hyena, RWKV, BaseConv) <= 0.15 at
+  (256, 16).
+
+Both use models without biases (``model.bias: false``, ``configs/mqar/base.yaml``): with
+GPT-2's biases softmax stayed on the 1/N plateau for thousands of updates where the same model
+without them learned the task.
 - ``mqar-rebased`` (``mqar_rebased.yaml``): the ReBased paper's length sweep (Aksenov et al.
   2024, corl-team/rebased), d_model 64, N = 16 at L = 128 and L / 4 beyond, with a kernel-3
   short convolution before the mixer. Published: Based (linear attention with a 2nd-order
@@ -41,7 +46,7 @@ SWEEPS = {
 # Published accuracies at d_model 64 (best over the learning-rate sweep), by protocol and L.
 PUBLISHED: dict[str, dict[str, dict[int, float]]] = {
     "mqar-zoology": {
-        "attention (Zoology fig. 2)": {256: 1.0},
+        "attention (Zoology fig. 2)": {64: 1.0, 256: 1.0},
         "best gated convolution (Zoology fig. 2, upper bound)": {256: 0.15},
     },
     "mqar-rebased": {
