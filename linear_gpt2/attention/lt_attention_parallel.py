@@ -181,11 +181,13 @@ blocked_linear_attention.defvjp(_fwd, _bwd)
 def _block_gates(log_gate: jax.Array, c: int) -> tuple[jax.Array, jax.Array]:
     """Block-local cumulative log-gates b ``[B, N, H, c]`` (b_i = sum of log gamma from the
     block's first position to i) and the block totals G ``[B, N, H]`` (b at the block's end)."""
-    b = jnp.swapaxes(jnp.cumsum(_blocks(log_gate.astype(F32), c), axis=2), 2, 3)
+    from linear_gpt2 import kernels
+
+    b = jnp.swapaxes(_blocks(kernels.block_cumsum(log_gate, c), c), 2, 3)
     return b, b[..., -1]
 
 
-def _forget_blocks(b, G, R, seg, Q_pos, k_pos, m, c):
+def _forget_blocks(b, G, R, seg, m, c):
     """For key block m against every query block n: mask ``[B, N, 1, c, c]`` (causal, same
     document) and weights ``[B, N, H, c, c]`` exp(L_i - L_j) (0 where masked), with the exponent
     taken from block-local sums (module docstring): b_i - b_j when n = m, else
@@ -194,7 +196,7 @@ def _forget_blocks(b, G, R, seg, Q_pos, k_pos, m, c):
     Gm = lax.dynamic_index_in_dim(G, m, axis=1, keepdims=False)  # [B, H]
     sq = _blocks(seg, c)  # [B, N, c]
     sk = lax.dynamic_slice_in_dim(seg, m * c, c, axis=1)  # [B, c]
-    mask = (Q_pos[:, :, None] >= k_pos[None, None, :])[None, :, None]  # [1, N, 1, c, c]
+    mask = _block_mask(b.shape[1], m, c)  # [1, N, 1, c, c]
     mask = mask & (sq[:, :, None, :, None] == sk[:, None, None, None, :])
     diag = (jnp.arange(b.shape[1]) == m)[None, :, None, None]  # [1, N, 1, 1]
     # The key's share of the exponent per query block: -b_j on the diagonal block, else
@@ -217,13 +219,12 @@ def _forward_forget(fq, fk, v, log_gate, seg, c: int, eps: float):
     B, T, H, D = fq.shape
     N = T // c
     Q = _blocks(fq, c)
-    q_pos = jnp.arange(N * c).reshape(N, c)
     b, G = _block_gates(log_gate, c)
 
     def key_block(carry, x):
         num, den, R = carry
         k_m, v_m, m = x
-        _, W = _forget_blocks(b, G, R, seg, q_pos, m * c + jnp.arange(c), m, c)
+        _, W = _forget_blocks(b, G, R, seg, m, c)
         S = jnp.einsum("bnihd,bjhd->bnhij", Q, k_m, preferred_element_type=F32) * W
         num = num + jnp.einsum(
             "bnhij,bjhd->bnihd", S.astype(v.dtype), v_m, preferred_element_type=F32
@@ -256,17 +257,18 @@ def _fwd_forget(fq, fk, v, log_gate, seg, c, eps):
 
 
 def _bwd_forget(c, eps, residuals, dy):
+    from linear_gpt2 import kernels
+
     fq, fk, v, log_gate, seg, y, den = residuals
     B, T, H, D = fq.shape
     N = T // c
     Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
-    q_pos = jnp.arange(N * c).reshape(N, c)
     b, G = _block_gates(log_gate, c)
 
     def key_block(carry, x):
         dQ, dLq, R = carry
         k_m, v_m, m = x
-        mask, W = _forget_blocks(b, G, R, seg, q_pos, m * c + jnp.arange(c), m, c)
+        mask, W = _forget_blocks(b, G, R, seg, m, c)
         P = jnp.einsum("bnihd,bjhd->bnhij", Q, k_m, preferred_element_type=F32)
         S = P * W
         dS = jnp.einsum("bnihd,bjhd->bnhij", dNum, v_m, preferred_element_type=F32)
@@ -293,15 +295,9 @@ def _bwd_forget(c, eps, residuals, dy):
         dQ.reshape(B, T, H, D).astype(fq.dtype),
         unblock(dK).astype(fk.dtype),
         unblock(dV).astype(v.dtype),
-        log_gate_cotangent(dL),
+        kernels.log_gate_cotangent(dL),
         dseg,
     )
-
-
-def log_gate_cotangent(dL: jax.Array) -> jax.Array:
-    """d(log gamma) ``[B, T, H]`` from dL, the gradient with respect to the cumulative log-gate
-    L_i = sum_{k <= i} log gamma_k: the reverse cumulative sum along T."""
-    return lax.cumsum(dL, axis=1, reverse=True)
 
 
 blocked_forget_attention.defvjp(_fwd_forget, _bwd_forget)

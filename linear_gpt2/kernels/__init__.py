@@ -126,6 +126,23 @@ def pad_head_dim(x: jax.Array, Dp: int) -> jax.Array:
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, Dp - D)])
 
 
+def block_cumsum(log_gate: jax.Array, c: int) -> jax.Array:
+    """float32 ``[B, T, H]``: the cumulative log-gates within each block of c positions (T a
+    multiple of c), b_i = sum of log gamma from the block's first position to i. What the
+    forgetting kernels read instead of the row's cumulative sum, whose float32 differences are
+    lost once it is large."""
+    B, T, H = log_gate.shape
+    return jnp.cumsum(log_gate.astype(jnp.float32).reshape(B, T // c, c, H), axis=2).reshape(
+        B, T, H
+    )
+
+
+def log_gate_cotangent(dL: jax.Array) -> jax.Array:
+    """d(log gamma) ``[B, T, H]`` from dL, the gradient with respect to the cumulative log-gate
+    L_i = sum_{k <= i} log gamma_k: the reverse cumulative sum along T."""
+    return jax.lax.cumsum(dL, axis=1, reverse=True)
+
+
 def reciprocal(den: jax.Array, eps: float) -> jax.Array:
     """``1 / (den + eps)``, 0 where that is 1/0 (only all-zero features with eps = 0: then the
     numerator is 0 too and y = 0, as in the XLA path, instead of NaN). Usable inside kernels."""

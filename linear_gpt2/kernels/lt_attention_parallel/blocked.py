@@ -51,7 +51,8 @@ the identity of the ``LT_chunked`` kernels: s_ij depends on L only through phi(q
 phi(k_j) e^{-L_j}. Program j holds both float32 gradients before rounding them, so dL costs two
 [c] row sums instead of an extra [c, c] product per tile (the backward's registers are the
 binding limit). Both loops stay in one kernel: with the weights it still compiles without
-spills (247 / 163 registers at D = 64 / 128, forward 128 / 120).
+spills (255 / 174 registers at D = 64 / 128, forward 128 / 121: the D = 64 backward is at the
+ceiling, so the gate vectors are loaded after the tile's first dot).
 
 Precision as in the ``LT_chunked`` kernels (``lt_chunked/tiles.py``): every dot's operands in the
 input dtype, the backward's cotangents g and dA rounded to it for their dots, every accumulation
@@ -89,19 +90,18 @@ def _gate(b_ref, seg_ref, rows) -> tiles.Gate | None:
     return None if b_ref is None else tiles.Gate(b_ref[rows], seg_ref[rows])
 
 
-def _total(g: tiles.Gate) -> jax.Array:
-    """The block's summed log-gate G (b at its last row), a float32 scalar: a masked sum, as
-    Triton cannot index one element of a tensor."""
-    last = jnp.arange(g.b.shape[0]) == g.b.shape[0] - 1
-    return jnp.sum(jnp.where(last, g.b, 0.0))
+def _total(b_ref, block, c: int) -> jax.Array:
+    """Block ``block``'s summed log-gate G (b at its last row), a float32 scalar loaded from the
+    ref: a masked sum over the loaded [c] vector costs the forward 40 registers."""
+    return b_ref[block * c + c - 1]
 
 
-def _pairs(i, j, c: int, gq: tiles.Gate | None, gk: tiles.Gate | None, R=None):
+def _pairs(i, j, c: int, gq: tiles.Gate | None, gk: tiles.Gate | None, R=None, G=None):
     """Which pairs of query block i and key block j interact, and how much: the mask ``[c, c]``
     (causal; with forgetting also same document) and the weights exp(L_i - L_j) float32
     ``[c, c]`` (None without forgetting). Computed once per tile, used by both of its scores and
     cotangents. L_i - L_j is b_i - b_j when i = j, else b_i + R + (G_j - b_j) with R the summed
-    log-gates of the blocks strictly between (the module docstring); every term is <= 0 and
+    log-gates of the blocks strictly between and G key block j's total (the module docstring); every term is <= 0 and
     none is a difference of long sums. The exponent is masked before exp, so exp never
     overflows and a masked pair never becomes inf * 0."""
     mask = tiles.tile_mask(i, j, c)
@@ -109,7 +109,7 @@ def _pairs(i, j, c: int, gq: tiles.Gate | None, gk: tiles.Gate | None, R=None):
         return mask, None
     mask = mask & (gq.s[:, None] == gk.s[None, :])
     # e_j = G_j - b_j first (block-local; exactly 0 for the last key), then R
-    key = jnp.where(i == j, -gk.b, R + (_total(gk) - gk.b))
+    key = jnp.where(i == j, -gk.b, R + (G - gk.b))
     return mask, jnp.exp(jnp.where(mask, gq.b[:, None] + key[None, :], 0.0))
 
 
@@ -140,10 +140,12 @@ def _fwd_kernel(*refs, c: int, eps: float, forget: bool):
         m = n - t if forget else t  # with forgetting downwards, so that R grows near to far
         rows = pl.ds(m * c, c)
         fk, v = fk_ref[rows, :], v_ref[rows, :]
+        scores = _dot(fq, fk.T)  # before the gates are loaded: fewer live registers
         gk = _gate(b_ref, seg_ref, rows)
-        A = _weigh(_dot(fq, fk.T), _pairs(n, m, c, gq, gk, R))
+        G = _total(b_ref, m, c) if forget else None
+        A = _weigh(scores, _pairs(n, m, c, gq, gk, R, G))
         if forget:
-            R = R + jnp.where(m < n, _total(gk), 0.0)
+            R = R + jnp.where(m < n, G, 0.0)
         return num + _dot(A.astype(v.dtype), v), den + jnp.sum(A, axis=1), R
 
     init = (jnp.zeros((c, Dp), F32), jnp.zeros((c,), F32), jnp.zeros((), F32))
@@ -167,6 +169,7 @@ def _key_block_grads(
     own = pl.ds(j * c, c)
     fk_j, v_j = fk_ref[own, :], v_ref[own, :]
     gk = _gate(b_ref, seg_ref, own)
+    G_j = None if gk is None else _total(b_ref, j, c)
     dt = fk_j.dtype
 
     def query_block(i, carry):  # upwards from j: R grows near to far
@@ -175,11 +178,11 @@ def _key_block_grads(
         fq = fq_ref[rows, :]
         g, delta = _cotangents(dy_ref, y_ref, den_ref, rows, eps)
         gq = _gate(b_ref, seg_ref, rows)
-        pairs = _pairs(i, j, c, gq, gk, R)
+        pairs = _pairs(i, j, c, gq, gk, R, G_j)
         A = _weigh(_dot(fq, fk_j.T), pairs)
         dA = _weigh(_dot(g.astype(dt), v_j.T) - delta[:, None], pairs)
         if gq is not None:
-            R = R + jnp.where(i > j, _total(gq), 0.0)
+            R = R + jnp.where(i > j, _total(b_ref, i, c), 0.0)
         return dk + _dot(dA.astype(dt).T, fq), dv + _dot(A.astype(dt).T, g.astype(dt)), R
 
     zeros = jnp.zeros((c, fk_j.shape[-1]), F32)
@@ -199,11 +202,12 @@ def _query_block_grads(j, fk_ref, v_ref, y_ref, dy_ref, den_ref, b_ref, seg_ref,
         m = j - t if gq is not None else t  # as in the forward
         rows = pl.ds(m * c, c)
         fk, v = fk_ref[rows, :], v_ref[rows, :]
+        dS = _dot(g_j.astype(dt), v.T) - delta_j[:, None]
         gk = _gate(b_ref, seg_ref, rows)
-        pairs = _pairs(j, m, c, gq, gk, R)
-        dA = _weigh(_dot(g_j.astype(dt), v.T) - delta_j[:, None], pairs)
+        G = None if gk is None else _total(b_ref, m, c)
+        dA = _weigh(dS, _pairs(j, m, c, gq, gk, R, G))
         if gk is not None:
-            R = R + jnp.where(m < j, _total(gk), 0.0)
+            R = R + jnp.where(m < j, G, 0.0)
         return dq + _dot(dA.astype(dt), fk), R
 
     init = (jnp.zeros((c, fk_ref.shape[-1]), F32), jnp.zeros((), F32))
@@ -324,30 +328,22 @@ fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``, T a multiple of the block size c 
 ``lt_attention_parallel.IMPLEMENTATIONS``."""
 
 
-def _block_local(log_gate: jax.Array, c: int) -> jax.Array:
-    """b float32 ``[B, T, H]``: the cumulative log-gate within each kernel block of c rows."""
-    B, T, H = log_gate.shape
-    return jnp.cumsum(log_gate.reshape(B, T // c, c, H), axis=2).reshape(B, T, H)
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _forget_core(fq, fk, v, log_gate, seg, c: int, eps: float):
-    b = _block_local(log_gate, tile(c, fq.shape[-1]))
+    b = kernels.block_cumsum(log_gate, tile(c, fq.shape[-1]))
     return _forward(fq, fk, v, c, eps, b, seg)[0]
 
 
 def _forget_core_fwd(fq, fk, v, log_gate, seg, c, eps):
-    b = _block_local(log_gate, tile(c, fq.shape[-1]))
+    b = kernels.block_cumsum(log_gate, tile(c, fq.shape[-1]))
     y, den = _forward(fq, fk, v, c, eps, b, seg)
     return y, (fq, fk, v, b, seg, y, den)
 
 
 def _forget_core_bwd(c, eps, residuals, dy):
-    from linear_gpt2.attention.lt_attention_parallel import log_gate_cotangent
-
     fq, fk, v, b, seg, y, den = residuals
     dq, dk, dv, dL = _backward(fq, fk, v, y, dy.astype(y.dtype), den, c, eps, b, seg)
-    return dq, dk, dv, log_gate_cotangent(dL), np.zeros(seg.shape, dtype=jax.dtypes.float0)
+    return dq, dk, dv, kernels.log_gate_cotangent(dL), np.zeros(seg.shape, dtype=jax.dtypes.float0)
 
 
 _forget_core.defvjp(_forget_core_fwd, _forget_core_bwd)

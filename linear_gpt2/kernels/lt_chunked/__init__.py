@@ -149,7 +149,7 @@ def forgetting(log_gate, resets, B: int, T: int, H: int, c: int) -> Forgetting:
     if log_gate is None:
         b = jnp.zeros((B, T, H), F32)
     else:
-        b = jnp.cumsum(log_gate.astype(F32).reshape(B, N, c, H), axis=2).reshape(B, T, H)
+        b = kernels.block_cumsum(log_gate, c)
     if resets is None:
         s = jnp.zeros((B, T), jnp.int32)
     else:
