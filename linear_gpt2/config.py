@@ -427,8 +427,9 @@ class LogConfig:
     # state's norm, the attention output's RMS, the decay gates), from a separate forward pass
     # on the step's first micro-batch; off, the compiled step is untouched.
     diagnostics: bool = False
-    # Loss spikes: a step whose loss exceeds the running mean (an EMA over spike_window steps)
-    # by spike_margin nats; counted on the host at no device cost. 0 disables.
+    # Loss spikes: a step whose loss exceeds a baseline (the lower of an EMA over spike_window
+    # steps and the median of the last 5 losses) by spike_margin nats; counted on the host at
+    # no device cost. 0 disables.
     spike_margin: float = 0.5
     spike_window: int = 50
 

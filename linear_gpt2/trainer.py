@@ -292,12 +292,12 @@ def train(cfg: Config) -> RunResult:
                         "Lower train.lr, raise train.warmup_steps, or set train.on_nan=skip."
                     )
                 if spikes.enabled:
-                    mean_before = spikes.mean
+                    base = spikes.baseline
                     if spikes.update(step, loss):
                         record["diag/spike"] = True
                         log.print(
-                            f"loss spike at step {step}: {loss:.4f} > running mean "
-                            f"{mean_before:.4f} + {cfg.log.spike_margin} (spike {spikes.count})"
+                            f"loss spike at step {step}: {loss:.4f} > baseline "
+                            f"{base:.4f} + {cfg.log.spike_margin} (spike {spikes.count})"
                         )
                     record["diag/spikes"] = spikes.count
                 if cfg.log.eval_every > 0 and (step % cfg.log.eval_every == 0 or step == total):

@@ -161,6 +161,22 @@ def test_spike_counter():
     )
 
 
+def test_spike_in_a_fast_first_descent_is_counted():
+    # The shape of the CPU context grid's LT_chunked run at 128 (benchmarks/results/
+    # context_cpu.md): the loss falls from 10.8 to 6.85 in 20 updates, jumps to 10.42 at update
+    # 21 and is back at 6.70 at 22. The 50-step mean alone was still above 9.92 there and
+    # missed it (the counter before the median baseline).
+    descent = [10.8 - 3.95 * (i / 19) ** 2 for i in range(20)]  # slow in the lr warmup
+    losses = [*descent, 10.42, 6.70, *(6.65 - 0.02 * i for i in range(10))]
+    c = diag.SpikeCounter(margin=0.5, window=50)
+    flags = [c.update(i + 1, x) for i, x in enumerate(losses)]
+    assert c.steps == [21] and flags[20], c.steps
+    mean_only = diag.SpikeCounter(margin=0.5, window=50)
+    for i, x in enumerate(losses[:20]):
+        mean_only.update(i + 1, x)
+    assert mean_only.mean + 0.5 > 10.42 > mean_only.baseline + 0.5
+
+
 SPIKE_RUN = """
 model: {vocab_size: 50304, block_size: 16, n_layer: 2, n_head: 2, n_embd: 32}
 attention: {name: LT_chunked, chunk_size: 8}
