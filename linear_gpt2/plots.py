@@ -252,14 +252,20 @@ class Run:
 
     @property
     def size(self) -> str:
-        """``124M``-style label from the architecture (or the parameter count)."""
+        """``124M``-style label from the architecture: a preset's name, else the parameters of
+        the model without its position embeddings and without a gate's projection (nanoGPT's
+        count), so that one model swept over contexts and attentions is one size (the 3.5M
+        CPU grid model has 3.5M parameters at context 128 and 4.0M with 2048 positions)."""
         from linear_gpt2.config import PRESETS
 
         dims = {k: self.config.get(f"model.{k}") for k in ("n_layer", "n_head", "n_embd")}
         for name, preset in PRESETS.items():
             if preset == dims:
                 return name
-        return f"{(self.n_params or 0) / 1e6:.0f}M" if self.n_params else "custom"
+        n = count_params_of(self.config, architecture_only=True)
+        if not n:
+            return "custom"
+        return f"{n / 1e6:.1f}M" if n < 1e7 else f"{n / 1e6:.0f}M"
 
     def series(self, x: str = "step", y: str = "loss") -> tuple[np.ndarray, np.ndarray]:
         pts = [
@@ -297,26 +303,28 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def count_params_of(config: dict[str, Any]) -> int | None:
-    """Parameters (embeddings included) of the model a flat config describes, by shapes only."""
+def count_params_of(config: dict[str, Any], architecture_only: bool = False) -> int | None:
+    """Parameters of the model a flat config describes, by shapes only: all of them (embeddings
+    and a gate's projection included), or with ``architecture_only`` those of the plain model
+    without position embeddings (what stays fixed across a context and attention sweep)."""
     from linear_gpt2.config import ModelConfig
 
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     values = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("model.")}
-    if config.get("attention.decay") not in (None, "none"):  # the gate's projection
-        values["decay"] = config["attention.decay"]
+    if not architecture_only and config.get("attention.decay") not in (None, "none"):
+        values["decay"] = config["attention.decay"]  # the gate's projection
         values["attention"] = "LT_state"
     key = tuple(sorted((k, v) for k, v in values.items() if k in fields))
-    return _count_params(key)
+    return _count_params(key, architecture_only)
 
 
 @functools.lru_cache(maxsize=64)
-def _count_params(key: tuple[tuple[str, Any], ...]) -> int | None:
+def _count_params(key: tuple[tuple[str, Any], ...], non_embedding: bool = False) -> int | None:
     try:
         from linear_gpt2.config import ModelConfig
         from linear_gpt2.model import count_params, param_shapes
 
-        return count_params(param_shapes(ModelConfig(**dict(key))), non_embedding=False)
+        return count_params(param_shapes(ModelConfig(**dict(key))), non_embedding=non_embedding)
     except Exception:
         return None
 
@@ -413,19 +421,25 @@ def context_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
     its final held-out loss (``val``, the last evaluation), final training loss (``train``),
     ``loss`` (``val``, or ``train`` for runs without evaluations, ``held_out`` saying which) and
     ``gap``: ``loss`` minus that of the softmax baseline (:attr:`Run.is_baseline`, e.g.
-    ``flash``) of the same size and context (None without one)."""
+    ``flash``) of the same size and context (None without one); also the run's ``seed``,
+    ``train_s`` (its step times summed) and ``spikes`` (the trainer's last spike count)."""
     rows = []
     for r in runs:
         steps, _ = r.series("step", "loss")
+        _, times = r.series("step", "step_time_s")
+        _, spikes = r.series("step", "diag/spikes")
         rows.append(
             dict(
                 name=r.name,
                 size=r.size,
                 variant=r.variant,
                 context=r.context,
+                seed=r.config.get("seed"),
                 steps=int(steps[-1]) if steps.size else 0,
                 val=r.final_val_loss(),
                 train=r.final_loss(),
+                train_s=round(float(times.sum()), 1) if times.size else None,
+                spikes=int(spikes[-1]) if spikes.size else None,
                 baseline=r.is_baseline,
             )
         )

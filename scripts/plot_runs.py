@@ -84,7 +84,19 @@ def _main(argv: list[str]) -> int:
     print(f"wrote {plots.plot_final_loss_vs_params(runs, out / 'final_loss_vs_params.png')}")
     ctx_rows = plots.context_table(runs)
     with (out / "context_table.csv").open("w", newline="") as f:
-        fields = ["size", "variant", "context", "steps", "val", "train", "gap", "name"]
+        fields = [
+            "size",
+            "variant",
+            "context",
+            "seed",
+            "steps",
+            "val",
+            "train",
+            "gap",
+            "train_s",
+            "spikes",
+            "name",
+        ]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(ctx_rows)

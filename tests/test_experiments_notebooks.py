@@ -1,6 +1,7 @@
 """The analysis notebooks execute on the fixture results (so they cannot rot), and
 scripts/plot_runs.py draws the learning figures from run directories."""
 
+import csv
 import json
 import os
 import sys
@@ -106,7 +107,11 @@ def test_learning_on_cpu_notebook(kernel, tmp_path):
     assert "LT_chunked: gap to flash +0.040 at 128 -> +0.130 at 512: grows" in text
     # Diagnostics: the gated run's state norm, and the spike counts.
     assert "| LT_chunked+gate | 512 | 2 | 1.131 | 0.3 | 0.95 | 0 |" in text
-    for name in ("mqar_accuracy.png", "final_loss_vs_context_3M.png", "curves_by_context_3M.png"):
+    for name in (
+        "mqar_accuracy.png",
+        "final_loss_vs_context_3.4M.png",
+        "curves_by_context_3.4M.png",
+    ):
         assert (figs / name).exists(), name
 
 
@@ -120,7 +125,37 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
     table = (out / "context_table.md").read_text()
     assert "| flash | 5.600 | 5.450 |" in table and "LT_chunked+reset" in table
     csv_rows = (out / "context_table.csv").read_text().splitlines()
-    assert csv_rows[0] == "size,variant,context,steps,val,train,gap,name" and len(csv_rows) == 9
+    assert csv_rows[0] == "size,variant,context,seed,steps,val,train,gap,train_s,spikes,name"
+    assert len(csv_rows) == 9
+    for row in csv.DictReader(csv_rows):
+        records = [
+            json.loads(x)
+            for x in (FIXTURES / "context_runs" / row["name"] / "metrics.jsonl").open()
+        ]
+        spikes = [x["diag/spikes"] for x in records if "diag/spikes" in x]
+        assert row["spikes"] == str(spikes[-1]) and row["seed"] == "0", row
+
+
+def test_one_model_swept_over_contexts_and_gates_is_one_size():
+    """The size label ignores position embeddings and the gate's projection (nanoGPT's count):
+    the CPU grid's model at 2048 positions is not a different model from the one at 128."""
+    base = plots.find_runs([FIXTURES / "context_runs"])[0].config
+    runs = [
+        plots.Run(f"r{i}", {**base, **extra}, [], plots.count_params_of({**base, **extra}))
+        for i, extra in enumerate(
+            [
+                {"model.block_size": 128, "data.context": 128},
+                {"model.block_size": 2048, "data.context": 2048},
+                {"model.block_size": 2048, "data.context": 2048, "attention.decay": "gate"},
+            ]
+        )
+    ]
+    assert len({r.n_params for r in runs}) == 3  # the full counts differ ...
+    assert len({r.size for r in runs}) == 1  # ... the label does not
+    assert (
+        runs[0].size
+        == f"{plots.count_params_of(runs[0].config, architecture_only=True) / 1e6:.1f}M"
+    )
 
 
 def test_plot_runs_script(tmp_path):
