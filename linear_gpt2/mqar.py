@@ -162,7 +162,8 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
                     cells.append("")
                 else:
                     stop = "" if r["reached_target"] else f", {r['steps']} steps"
-                    cells.append(f"{_fmt(r['accuracy'])}{stop}")
+                    acc = "not evaluated" if r["accuracy"] is None else _fmt(r["accuracy"])
+                    cells.append(f"{acc}{stop}")
             lines.append(f"| ours: {att} | " + " | ".join(cells) + " |")
         for name, values in PUBLISHED.get(protocol, {}).items():
             lines.append(

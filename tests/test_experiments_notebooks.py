@@ -189,6 +189,11 @@ def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
     assert "0.890" in md and "- one\n- two" in md
     assert mqar.read_report(paths["json"])["rows"] == rows
     assert paths["png"].stat().st_size > 0 and paths["csv"].read_text().startswith("protocol,L,N")
+    # A run stopped before its first evaluation says so instead of an empty accuracy.
+    early = {**rows[0], "accuracy": None, "best_accuracy": None, "reached_target": False}
+    early.update(steps=99, L=4096)
+    md = mqar.markdown([*rows, early], meta)
+    assert "not evaluated, 99 steps" in md and "| , 99 steps" not in md
     # The report alone needs runs: one line, exit 2, naming the command that makes them.
     script = load_script("mqar")
     code = script.main(["--report-only", "--sweep", str(write_empty_sweep(tmp_path))])
