@@ -189,8 +189,9 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> Path:
-    """Accuracy against L: one panel per protocol, our attentions as lines (markers), the
-    published ones dashed."""
+    """Accuracy against L: one panel per protocol, our attentions as lines (markers filled
+    where the run reached the target accuracy, hollow where it stopped before: at its step
+    budget or cut short), the published ones dashed."""
     from linear_gpt2.plots import _plt, _save
 
     plt = _plt()
@@ -200,12 +201,18 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = N
         mine = [r for r in rows if r["protocol"] == protocol]
         for att in dict.fromkeys(r["attention"] for r in mine):
             pts = sorted(
-                (r["L"], r["accuracy"])
+                (r["L"], r["accuracy"], bool(r["reached_target"]))
                 for r in mine
                 if r["attention"] == att and r["accuracy"] is not None
             )
             if pts:
-                ax.plot(*zip(*pts), "o-", label=f"ours: {att}")
+                xs, ys, done = zip(*pts)
+                (line,) = ax.plot(xs, ys, "-", label=f"ours: {att}")
+                c = line.get_color()
+                for x, y, d in pts:
+                    ax.plot(x, y, "o", color=c, mfc=c if d else "white", zorder=3)
+        if any(not r["reached_target"] for r in mine):
+            ax.plot([], [], "o", color="gray", mfc="white", label="ours, hollow: stopped below 99%")
         for name, values in PUBLISHED.get(protocol, {}).items():
             pts = sorted(values.items())
             ax.plot(*zip(*pts), "x--", alpha=0.7, label=f"published: {name}")
