@@ -206,7 +206,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = N
                 if r["attention"] == att and r["accuracy"] is not None
             )
             if pts:
-                xs, ys, done = zip(*pts)
+                xs, ys, _ = zip(*pts)
                 (line,) = ax.plot(xs, ys, "-", label=f"ours: {att}")
                 c = line.get_color()
                 for x, y, d in pts:

@@ -254,8 +254,9 @@ class Run:
     def size(self) -> str:
         """``124M``-style label from the architecture: a preset's name, else the parameters of
         the model without its position embeddings and without a gate's projection (nanoGPT's
-        count), so that one model swept over contexts and attentions is one size (the 3.5M
-        CPU grid model has 3.5M parameters at context 128 and 4.0M with 2048 positions)."""
+        count), so that one model swept over contexts and attentions is one size (the CPU
+        grid's model has 3.43M parameters in all at context 128 and 3.55M at 2048, which the
+        full count labelled 3M and 4M; without position embeddings it is 3.4M at both)."""
         from linear_gpt2.config import PRESETS
 
         dims = {k: self.config.get(f"model.{k}") for k in ("n_layer", "n_head", "n_embd")}
