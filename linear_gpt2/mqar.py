@@ -4,19 +4,19 @@ Protocols (sweep files in ``configs/sweeps/``, one run per attention and setting
 normal training run of ``scripts/train.py`` on ``data.source: mqar``; see
 ``linear_gpt2/data/mqar.py`` for the task):
 
-- ``mqar-zoology`` (``mqar_zoology.yaml``): Zoology's figure 2 cells (L, N) = (64, 4) and
-  (256, 16), d_model 64, one head, learned positions, two attention-only layers. Published:
-  attention reaches ~1.0, every gated-convolution model (H3, Hyena, RWKV, BaseConv) <= 0.15 at
-  (256, 16).
-
-Both use models without biases (``model.bias: false``, ``configs/mqar/base.yaml``): with
-GPT-2's biases softmax stayed on the 1/N plateau for thousands of updates where the same model
-without them learned the task.
+- ``mqar-zoology`` (``mqar_zoology.yaml``): Zoology's figure 2 cells (L, N) = (64, 4),
+  (128, 8) and (256, 16), d_model 64, one head, learned positions, two attention-only
+  layers. Published: attention reaches ~1.0, every gated-convolution model (H3, Hyena, RWKV,
+  BaseConv) <= 0.15 at (256, 16).
 - ``mqar-rebased`` (``mqar_rebased.yaml``): the ReBased paper's length sweep (Aksenov et al.
   2024, corl-team/rebased), d_model 64, N = 16 at L = 128 and L / 4 beyond, with a kernel-3
   short convolution before the mixer. Published: Based (linear attention with a 2nd-order
   Taylor feature map, 16 features) ~1.0 / 0.98 / 0.89 / 0.33 at L = 128 / 256 / 512 / 1024;
   attention (after the same convolution) 1.0 throughout.
+
+Both use models without biases (``model.bias: false``, ``configs/mqar/base.yaml``): with
+GPT-2's biases softmax stayed on the 1/N plateau for thousands of updates where the same model
+without them learned the task.
 
 Both papers train AdamW (weight decay 0.1) on 100,000 examples for up to 64 epochs with a cosine
 schedule, stop at 99% test accuracy, sweep the learning rate (Zoology 1e-4 .. 1e-2, 4 values;
@@ -46,7 +46,7 @@ SWEEPS = {
 # Published accuracies at d_model 64 (best over the learning-rate sweep), by protocol and L.
 PUBLISHED: dict[str, dict[str, dict[int, float]]] = {
     "mqar-zoology": {
-        "attention (Zoology fig. 2)": {64: 1.0, 256: 1.0},
+        "attention (Zoology fig. 2)": {64: 1.0, 128: 1.0, 256: 1.0},
         "best gated convolution (Zoology fig. 2, upper bound)": {256: 0.15},
     },
     "mqar-rebased": {
@@ -73,10 +73,48 @@ def variant(config: dict[str, Any]) -> str:
     return name
 
 
+# Training settings a run may change from configs/mqar/base.yaml, as the report names them:
+# (dotted key, base value, label). A run's recipe lists the ones it changed.
+RECIPE_KEYS: tuple[tuple[str, Any, str], ...] = (
+    ("model.dropout", 0.0, "dropout {}"),
+    ("model.bias", False, "biases {}"),
+    ("train.beta2", 0.95, "beta2 {}"),
+    ("train.weight_decay", 0.1, "wd {}"),
+    ("train.grad_clip", 1.0, "clip {}"),
+    ("train.warmup_steps", 50, "warmup {}"),
+    ("data.mqar.train_examples", 100000, "{} train examples"),
+)
+
+
+def recipe(config: dict[str, Any]) -> str:
+    """The run's departures from the base recipe (``RECIPE_KEYS``), e.g. ``"dropout 0.1, fresh
+    train examples"``; ``"base"`` when none. At least 10^8 training examples read as fresh data
+    (each example is drawn once in any feasible run)."""
+    parts = []
+    for key, base, label in RECIPE_KEYS:
+        value = config.get(key, base)
+        if value is None or value == base:
+            continue
+        if key == "data.mqar.train_examples" and int(value) >= 10**8:
+            parts.append("fresh train examples")
+        else:
+            parts.append(label.format(f"{value:g}" if _num(value) else value))
+    return ", ".join(parts) or "base"
+
+
+def protocol_of(config: dict[str, Any]) -> str:
+    """The sweep's name (``log.wandb_group``); a run started outside a sweep belongs to ReBased's
+    protocol when it has the short convolution and to Zoology's otherwise."""
+    group = config.get("log.wandb_group")
+    if group:
+        return str(group)
+    return "mqar-rebased" if int(config.get("model.short_conv") or 0) else "mqar-zoology"
+
+
 def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """One row per MQAR run directory (``config.yaml`` + ``metrics.jsonl``): protocol (the
-    sweep's name, ``log.wandb_group``), L, N, attention variant, learning rate, seed, steps run,
-    whether it stopped at the target accuracy, the final and best held-out accuracy, the
+    """One row per MQAR run directory (``config.yaml`` + ``metrics.jsonl``): protocol
+    (:func:`protocol_of`), L, N, attention variant, learning rate, seed, batch, recipe, steps
+    run, whether it stopped at the target accuracy, the final and best held-out accuracy, the
     training wall time."""
     from linear_gpt2.plots import find_runs
 
@@ -92,7 +130,7 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
         final = accs[-1][1] if accs else None
         rows.append(
             dict(
-                protocol=str(c.get("log.wandb_group") or "mqar"),
+                protocol=protocol_of(c),
                 L=int(c["data.context"]),
                 N=int(c["data.mqar.num_kv_pairs"]),
                 attention=variant(c),
@@ -101,6 +139,7 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 lr=float(c["train.lr"]),
                 seed=int(c.get("seed", 0)),
                 batch=int(c["train.tokens_per_update"]) // int(c["data.context"]),
+                recipe=recipe(c),
                 max_steps=int(c["train.max_steps"]),
                 steps=int(steps[-1]) if steps else 0,
                 reached_target=bool(target is not None and final is not None and final >= target),
@@ -111,10 +150,29 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 run=run.name,
             )
         )
+    return _sorted(rows)
+
+
+def _sorted(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     order = {"softmax": 0, "flash": 0}
     return sorted(
         rows, key=lambda r: (r["protocol"], r["L"], order.get(r["attention"], 1), r["attention"])
     )
+
+
+def merge(kept: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of an earlier report (``kept``: runs whose directories are no longer here) joined
+    with ``new`` ones; a new row replaces a kept one of the same protocol and run name. Rows
+    written before the recipe column read as ``"base"``."""
+    fresh = {(r["protocol"], r["run"]) for r in new}
+    old = [{**r, "recipe": r.get("recipe", "base")} for r in kept]
+    return _sorted([r for r in old if (r["protocol"], r["run"]) not in fresh] + list(new))
+
+
+def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The run a table cell shows: one that reached the target, else the highest final
+    accuracy; the papers likewise report the best of their runs."""
+    return max(rows, key=lambda r: (bool(r["reached_target"]), r["accuracy"] or 0.0))
 
 
 def _num(v: Any) -> bool:
@@ -133,8 +191,9 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Measured on {meta.get('machine', 'this machine')} ({meta.get('note', '')}).",
         "Ours: final held-out accuracy (fraction of queries whose value is the argmax over the "
         "8192-way vocabulary) on the first `test_examples` of the test split, one seed and one "
-        "learning rate per run, stopped at 99% as the papers stop. Published: best over the "
-        "papers' learning-rate sweeps.",
+        "learning rate per run, stopped at 99% as the papers stop; where a cell has several runs "
+        "(settings below) it shows the best. Recipe: the run's departures from "
+        "configs/mqar/base.yaml. Published: best over the papers' learning-rate sweeps.",
         "",
     ]
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
@@ -153,7 +212,10 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             + " |",
             "|---" * (len(Ls) + 1) + "|",
         ]
-        by = {(r["attention"], r["L"]): r for r in mine}
+        by = {
+            key: best(r for r in mine if (r["attention"], r["L"]) == key)
+            for key in {(r["attention"], r["L"]) for r in mine}
+        }
         for att in dict.fromkeys(r["attention"] for r in mine):
             cells = []
             for L in Ls:
@@ -171,14 +233,14 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             )
         lines += ["", "Settings of our runs:", ""]
         lines += [
-            "| attention | L | N | lr | seed | batch | steps (max) | stopped at 99% | "
+            "| attention | L | N | lr | seed | batch | recipe | steps (max) | stopped at 99% | "
             "accuracy (best) | test examples | train s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in mine:
             lines.append(
                 f"| {r['attention']} | {r['L']} | {r['N']} | {r['lr']:g} | {r['seed']} | {r['batch']} | "
-                f"{r['steps']} ({r['max_steps']}) | {'yes' if r['reached_target'] else 'no'} | "
+                f"{r.get('recipe', 'base')} | {r['steps']} ({r['max_steps']}) | {'yes' if r['reached_target'] else 'no'} | "
                 f"{_fmt(r['accuracy'])} ({_fmt(r['best_accuracy'])}) | {r['test_examples']} | "
                 f"{r['train_seconds']:.0f} |"
             )
@@ -200,11 +262,15 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = N
     for ax, protocol in zip(axes[0], protocols):
         mine = [r for r in rows if r["protocol"] == protocol]
         for att in dict.fromkeys(r["attention"] for r in mine):
-            pts = sorted(
+            cells = [
+                best(r for r in mine if r["attention"] == att and r["L"] == L)
+                for L in sorted({r["L"] for r in mine if r["attention"] == att})
+            ]
+            pts = [
                 (r["L"], r["accuracy"], bool(r["reached_target"]))
-                for r in mine
-                if r["attention"] == att and r["accuracy"] is not None
-            )
+                for r in cells
+                if r["accuracy"] is not None
+            ]
             if pts:
                 xs, ys, _ = zip(*pts)
                 (line,) = ax.plot(xs, ys, "-", label=f"ours: {att}")

@@ -6,6 +6,7 @@
     python scripts/mqar.py --protocol rebased train.max_steps=300
     python scripts/mqar.py --report-only                   # rewrite the report from the runs
     python scripts/mqar.py --sweep my_mqar.yaml --out /tmp/mqar
+    python scripts/mqar.py --report-only --keep benchmarks/results/mqar_cpu.json   # add new runs
 
 The protocols are the sweeps ``configs/sweeps/mqar_zoology.yaml`` and ``mqar_rebased.yaml`` (one
 run per attention: softmax, LT_chunked with softplus and elu+1, LT_chunked + decay gate; see
@@ -14,6 +15,10 @@ run per attention: softmax, LT_chunked with softplus and elu+1, LT_chunked + dec
 ``NAME.{csv,json,md,png}`` (default ``benchmarks/results/mqar_cpu``) are written from every run
 directory of the sweeps: our final held-out accuracy per attention and length beside the
 published numbers, with the steps, learning rate and batch of each run and the machine's load.
+``--keep REPORT.json`` carries the rows of an earlier report whose run directories are not on
+this machine (a run directory of the same protocol and name replaces its row); runs started with
+``scripts/train.py configs/mqar/base.yaml ...`` under a sweep's ``out_dir`` are reported too, with
+their departures from the base recipe.
 ``key=value`` overrides apply to every run.
 
 Exit codes: 0 when every run finished (or was skipped), 1 when one failed, 2 for bad arguments.
@@ -43,6 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="default benchmarks/results")
     p.add_argument("--name", default="mqar_cpu", help="file stem of the report")
     p.add_argument("--note", action="append", default=[], help="a note for the report (repeat)")
+    p.add_argument("--keep", default=None, help="an earlier report's JSON: keep its rows")
     p.add_argument("--debug", action="store_true", help="print tracebacks (LINEAR_GPT2_DEBUG=1)")
     return p.parse_intermixed_args(argv)
 
@@ -71,7 +77,12 @@ def _main(argv: list[str]) -> int:
         for sweep in sweeps:
             outcomes = sweep_lib.run_sweep(sweep, in_process=args.in_process, extra=args.overrides)
             failed.update({k: v for k, v in outcomes.items() if v.startswith(("failed", "stale"))})
-    rows = mqar.collect([s.out_dir for s in sweeps if s.out_dir.exists()])
+    kept = []
+    if args.keep:
+        if not Path(args.keep).is_file():
+            raise cli.UsageError(f"--keep {args.keep}: no such report; give a mqar_cpu.json")
+        kept = mqar.read_report(args.keep)["rows"]
+    rows = mqar.merge(kept, mqar.collect([s.out_dir for s in sweeps if s.out_dir.exists()]))
     if not rows:
         raise cli.UsageError(
             f"no finished MQAR runs under {', '.join(str(s.out_dir) for s in sweeps)}; run "

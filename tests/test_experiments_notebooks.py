@@ -201,6 +201,55 @@ def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "no finished MQAR runs" in err[0], err
 
 
+def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path, capsys):
+    from linear_gpt2 import mqar
+
+    rows = mqar.read_report(FIXTURES / "mqar_cpu.json")["rows"]
+    first = rows[0]
+    # A second run of the same cell with another recipe: the table shows the one that reached
+    # the target; the settings table lists both, each with its recipe.
+    config = {"model.dropout": 0.1, "train.beta2": 0.999, "data.mqar.train_examples": 10**9}
+    assert mqar.recipe(config) == "dropout 0.1, beta2 0.999, fresh train examples"
+    assert mqar.recipe({"data.mqar.train_examples": 100000, "train.beta2": 0.95}) == "base"
+    assert mqar.recipe({"data.mqar.train_examples": 200000}) == "200000 train examples"
+    worse = {**first, "run": "other", "accuracy": 0.5, "reached_target": False}
+    better = {**first, "run": "other2", "accuracy": 0.995, "reached_target": True}
+    better["recipe"] = mqar.recipe(config)
+    assert mqar.best([worse, better]) is better and mqar.best([worse, first]) is first
+    # merge: kept rows (no recipe column in older reports) read as the base recipe; a new row of
+    # the same protocol and run name replaces the kept one.
+    kept = [{k: v for k, v in r.items() if k != "recipe"} for r in rows]
+    replaced = {**first, "accuracy": 0.25, "recipe": "base"}
+    merged = mqar.merge(kept, [replaced, better])
+    assert len(merged) == len(rows) + 1
+    assert [
+        r for r in merged if r["run"] == first["run"] and r["protocol"] == first["protocol"]
+    ] == [replaced]
+    assert all(r["recipe"] for r in merged)
+    md = mqar.markdown(merged, {"machine": "m", "note": "n"})
+    assert "dropout 0.1, beta2 0.999, fresh train examples" in md
+    cell = f"| ours: {first['attention']} | "
+    # the first protocol's section comes first (rows are sorted by protocol)
+    line = next(ln for ln in md.splitlines() if ln.startswith(cell))
+    assert "0.995" in line and "0.250" not in line
+    # Ad-hoc runs (no sweep group) belong to the protocol their model says.
+    assert mqar.protocol_of({"model.short_conv": 3}) == "mqar-rebased"
+    assert mqar.protocol_of({"model.short_conv": 0}) == "mqar-zoology"
+    assert mqar.protocol_of({"log.wandb_group": "mine"}) == "mine"
+    # --keep: writes the earlier rows again; a missing report is one line, exit 2.
+    script = load_script("mqar")
+    sweep = str(write_empty_sweep(tmp_path))
+    out = tmp_path / "out"
+    keep = ["--keep", str(FIXTURES / "mqar_cpu.json")]
+    assert script.main(["--report-only", "--sweep", sweep, *keep, "--out", str(out)]) == 0
+    assert len(mqar.read_report(out / "mqar_cpu.json")["rows"]) == len(rows)
+    capsys.readouterr()
+    bad = ["--report-only", "--sweep", sweep, "--keep", str(tmp_path / "no.json")]
+    assert script.main(bad) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such report" in err[0], err
+
+
 def write_empty_sweep(tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text(
@@ -208,3 +257,59 @@ def write_empty_sweep(tmp_path):
         f"out_dir: {tmp_path / 'none'}\ngrid:\n  a:\n    - {{attention.name: softmax}}\n"
     )
     return path
+
+
+def load_benchmark(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_mqar_probe_reads_the_library_model_and_measures_its_heads(tmp_path, capsys):
+    import jax
+    import numpy as np
+
+    from linear_gpt2.config import ModelConfig
+    from linear_gpt2.data.mqar import example
+    from linear_gpt2.model import forward, init_params
+
+    probe = load_benchmark("mqar_probe")
+    cfg = ModelConfig(
+        vocab_size=64, block_size=24, n_layer=2, n_head=1, n_embd=16, mlp=False, bias=False
+    )
+    params = init_params(cfg, 3)
+    # Larger weights than the init so that attention is far from uniform and a wrong mapping
+    # (a transposed kernel, a missing layer norm, layers swapped) changes the logits.
+    params = jax.tree_util.tree_map(lambda a: a * 20 if a.ndim >= 2 else a, params)
+    p = probe.reference_params(params)
+    x, _ = example(0, length=24, num_kv_pairs=3, vocab_size=64, split="validation")
+    maps, scores, logits = probe.attention(p, x)
+    ours = np.asarray(forward(params, x[None], cfg))[0]
+    assert np.linalg.norm(logits - ours) / np.linalg.norm(ours) < 1e-5
+    assert len(maps) == 2 and np.allclose([m.sum(-1) for m in maps], 1.0, atol=1e-5)
+    assert np.all(np.triu(maps[0], 1) == 0) and maps[0].std() > 0.05
+    stats = probe.probe(p, 24, 3, examples=4, vocab_size=64)
+    # layer 2's mass at a query splits into values, keys and the query region, which tile [0, t]
+    parts = ("values", "keys", "query_region")
+    assert sum(stats[f"layer2_query_on_{k}"] for k in parts) == pytest.approx(1.0, abs=1e-5)
+    assert 0 <= stats["layer2_query_on_right_value"] <= stats["layer2_query_on_values"]
+    assert max(stats[k] for k in stats if k.startswith("layer2_logit_")) <= 0
+    # a model with biases is refused with the fix named
+    with pytest.raises(ValueError, match="without biases"):
+        probe.reference_params(init_params(cfg.replace(bias=True), 0))
+    # The table: one column per run, one row per statistic.
+    md = probe.markdown(
+        [
+            {"run": "a", "label": "a (L=8)", "accuracy": 0.5},
+            {"run": "b", "label": "b", "accuracy": 1.0},
+        ]
+    )
+    assert (
+        md.splitlines()[0] == "| statistic | a (L=8) | b |"
+        and "| accuracy | 0.5000 | 1.0000 |" in md
+    )

@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""Where a trained MQAR model's attention looks: the two heads recall needs, measured.
+
+Recall in two attention-only layers takes a previous-token head in layer 1 (each value position
+copies its key) and a matching head in layer 2 (the query, a key, finds the value position that
+copied it). For a run of ``configs/mqar/base.yaml`` (softmax, no biases, no MLP, no short
+convolution), on held-out examples, this prints:
+
+- layer 1 at the value positions: attention mass on the previous token (the value's own key), on
+  the other keys, on values, on itself;
+- layer 2 at the queries: mass on the right value, on all values, on the keys, on the query
+  region (the queries and the zeros after the pairs), and the mean attention logit of each kind
+  of position (values, keys, zeros at even and odd positions, earlier queries) less the row's
+  largest logit;
+- the held-out accuracy of the same examples.
+
+A run that learned recall puts most of layer 2's mass on the right value. The forward pass is
+the plain-JAX model of ``benchmarks/mqar_reference.py`` on the run's parameters (tests check its
+logits against ``linear_gpt2.model.forward``), because the library's attention does not return
+its weights::
+
+    python benchmarks/mqar_probe.py RUN [RUN ...] [--examples 32] [--out benchmarks/results/mqar_probe_cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mqar_reference import layer_norm  # noqa: E402
+
+from linear_gpt2.data.mqar import example  # noqa: E402
+
+
+def reference_params(params: dict) -> dict:
+    """The library's GPT parameters (layers stacked on axis 0) in the reference's layout."""
+    h = params["h"]
+    if "bias" in h["attn"]["c_attn"] or "mlp" in h or "conv" in h:
+        raise ValueError(
+            "the probe reads attention-only models without biases or short convolution "
+            "(configs/mqar/base.yaml); this run has more: probe a run of that config"
+        )
+    p = {
+        "wte": np.asarray(params["wte"]["embedding"]),
+        "wpe": np.asarray(params["wpe"]["embedding"]),
+        "lnf": np.asarray(params["ln_f"]["scale"]),
+    }
+    for i in range(h["ln_1"]["scale"].shape[0]):
+        p[f"ln{i}"] = np.asarray(h["ln_1"]["scale"][i])
+        p[f"qkv{i}"] = np.asarray(h["attn"]["c_attn"]["kernel"][i])
+        p[f"o{i}"] = np.asarray(h["attn"]["c_proj"]["kernel"][i])
+    return p
+
+
+def attention(p: dict, tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """tokens int ``[T]`` -> (attention weights ``[T, T]`` per layer, their logits ``[T, T]``
+    (masked entries -inf), output logits ``[T, vocab]``)."""
+    T = len(tokens)
+    x = p["wte"][tokens].astype(np.float64) + p["wpe"][:T]
+    causal = np.tril(np.ones((T, T), bool))
+    maps, scores, layer = [], [], 0
+    while f"qkv{layer}" in p:
+        q, k, v = np.split(np.asarray(layer_norm(x, p[f"ln{layer}"])) @ p[f"qkv{layer}"], 3, -1)
+        s = np.where(causal, q @ k.T / np.sqrt(q.shape[-1]), -np.inf)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        maps.append(a)
+        scores.append(s)
+        x = x + a @ v @ p[f"o{layer}"]
+        layer += 1
+    return maps, scores, np.asarray(layer_norm(x, p["lnf"])) @ p["wte"].T
+
+
+def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192) -> dict:
+    """The statistics of the module docstring, averaged over the first ``examples`` held-out
+    examples of MQAR (L, N)."""
+    sums: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        if np.isfinite(value):
+            sums.setdefault(name, []).append(float(value))
+
+    for i in range(examples):
+        x, y = example(i, length=L, num_kv_pairs=N, vocab_size=vocab_size, split="validation")
+        maps, scores, logits = attention(p, x)
+        first, last, s = maps[0], maps[-1], scores[-1]
+        for j in range(1, 2 * N, 2):  # value positions
+            add("layer1_value_on_its_key", first[j, j - 1])
+            add("layer1_value_on_other_keys", first[j, 0 : j - 1 : 2].sum())
+            add("layer1_value_on_values", first[j, 1:j:2].sum())
+            add("layer1_value_on_itself", first[j, j])
+        where = {int(x[2 * j]): 2 * j + 1 for j in range(N)}
+        for t in np.flatnonzero(y >= 0):
+            right = where[int(x[t])]
+            add("layer2_query_on_right_value", last[t, right])
+            add("layer2_query_on_values", last[t, 1 : 2 * N : 2].sum())
+            add("layer2_query_on_keys", last[t, 0 : 2 * N : 2].sum())
+            add("layer2_query_on_query_region", last[t, 2 * N : t + 1].sum())
+            add("layer2_query_on_itself", last[t, t])
+            js = np.arange(t)
+            zero = x[js] == 0
+            kinds = {
+                "values": js[(js < 2 * N) & (js % 2 == 1)],
+                "keys": js[(js < 2 * N) & (js % 2 == 0)],
+                "zeros_even": js[zero & (js % 2 == 0) & (js >= 2 * N)],
+                "zeros_odd": js[zero & (js % 2 == 1) & (js >= 2 * N)],
+                "earlier_queries": js[~zero & (js >= 2 * N)],
+            }
+            for kind, cols in kinds.items():
+                if len(cols):
+                    add(f"layer2_logit_{kind}", s[t, cols].mean() - s[t, : t + 1].max())
+            add("accuracy", float(logits[t].argmax() == y[t]))
+    return {k: float(np.mean(v)) for k, v in sums.items()}
+
+
+def markdown(results: list[dict]) -> str:
+    """One column per probed run, one row per statistic."""
+    keys = list(dict.fromkeys(k for r in results for k in r if k not in ("run", "label")))
+    head = "| statistic | " + " | ".join(r["label"] for r in results) + " |"
+    lines = [head, "|---" * (len(results) + 1) + "|"]
+    for k in keys:
+        cells = [r.get(k, "") for r in results]
+        lines.append(
+            f"| {k} | "
+            + " | ".join(f"{c:.4f}" if isinstance(c, float) else str(c) for c in cells)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run (or checkpoint) directories of MQAR runs")
+    ap.add_argument("--examples", type=int, default=32, help="held-out examples (default 32)")
+    ap.add_argument("--out", default=None, help="also write OUT.json and OUT.md")
+    ap.add_argument("--title", default="", help="a line above the table in OUT.md")
+    a = ap.parse_args(argv)
+    from linear_gpt2 import sampling
+
+    results = []
+    for run in a.runs:
+        params, model_cfg, cfg, step = sampling.load(run)
+        if cfg.data.source != "mqar" or model_cfg.attention not in ("softmax", "flash"):
+            print(
+                f"error: {run} is not a softmax MQAR run; probe a run of configs/mqar/base.yaml",
+                file=sys.stderr,
+            )
+            return 2
+        m = cfg.data.mqar
+        stats = probe(
+            reference_params(params), cfg.data.context, m.num_kv_pairs, a.examples, m.vocab_size
+        )
+        label = f"{Path(run).name} (L={cfg.data.context}, N={m.num_kv_pairs}, step {step})"
+        results.append({"run": str(run), "label": label, "step": step, **stats})
+    md = markdown(results)
+    print(md)
+    if a.out:
+        Path(a.out).with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+        title = f"{a.title}\n\n" if a.title else ""
+        note = f"{len(a.runs)} runs, {a.examples} held-out examples each (benchmarks/mqar_probe.py)"
+        Path(a.out).with_suffix(".md").write_text(f"{title}{note}\n\n{md}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
