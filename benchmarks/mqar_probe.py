@@ -14,6 +14,9 @@ convolution), on held-out examples, this prints:
   largest logit;
 - the held-out accuracy of the same examples.
 
+The examples are the run's task (its ``data.mqar`` settings), or with ``--zero-fill`` the same
+with zeros between the queries, as Zoology's figure 2 has them.
+
 A run that learned recall puts most of layer 2's mass on the right value. The forward pass is
 the plain-JAX model of ``benchmarks/mqar_reference.py`` on the run's parameters (tests check its
 logits against ``linear_gpt2.model.forward``), because the library's attention does not return
@@ -78,9 +81,10 @@ def attention(p: dict, tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.nd
     return maps, scores, np.asarray(layer_norm(x, p["lnf"])) @ p["wte"].T
 
 
-def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192) -> dict:
+def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192, **task) -> dict:
     """The statistics of the module docstring, averaged over the first ``examples`` held-out
-    examples of MQAR (L, N)."""
+    examples of MQAR (L, N); ``task``: more arguments of ``linear_gpt2.data.mqar.example``
+    (``power_a``, ``random_non_queries``)."""
     sums: dict[str, list[float]] = {}
 
     def add(name: str, value: float) -> None:
@@ -88,7 +92,9 @@ def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192) -
             sums.setdefault(name, []).append(float(value))
 
     for i in range(examples):
-        x, y = example(i, length=L, num_kv_pairs=N, vocab_size=vocab_size, split="validation")
+        x, y = example(
+            i, length=L, num_kv_pairs=N, vocab_size=vocab_size, split="validation", **task
+        )
         maps, scores, logits = attention(p, x)
         first, last, s = maps[0], maps[-1], scores[-1]
         for j in range(1, 2 * N, 2):  # value positions
@@ -117,7 +123,9 @@ def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192) -
                 if len(cols):
                     add(f"layer2_logit_{kind}", s[t, cols].mean() - s[t, : t + 1].max())
             add("accuracy", float(logits[t].argmax() == y[t]))
-    return {k: float(np.mean(v)) for k, v in sums.items()}
+    # layer 1, layer 2's mass, layer 2's logits, accuracy (first-seen order within each)
+    keys = sorted(sums, key=lambda k: (k == "accuracy", "logit" in k, k.startswith("layer2")))
+    return {k: float(np.mean(sums[k])) for k in keys}
 
 
 def markdown(results: list[dict]) -> str:
@@ -140,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", help="run (or checkpoint) directories of MQAR runs")
     ap.add_argument("--examples", type=int, default=32, help="held-out examples (default 32)")
     ap.add_argument("--out", default=None, help="also write OUT.json and OUT.md")
+    ap.add_argument(
+        "--zero-fill", action="store_true", help="probe on zero-filled examples (Zoology fig. 2)"
+    )
     ap.add_argument("--title", default="", help="a line above the table in OUT.md")
     a = ap.parse_args(argv)
     from linear_gpt2 import sampling
@@ -154,10 +165,19 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         m = cfg.data.mqar
+        fill = dict(power_a=m.power_a, random_non_queries=m.random_non_queries)
+        if a.zero_fill:
+            fill["random_non_queries"] = False
         stats = probe(
-            reference_params(params), cfg.data.context, m.num_kv_pairs, a.examples, m.vocab_size
+            reference_params(params),
+            cfg.data.context,
+            m.num_kv_pairs,
+            a.examples,
+            m.vocab_size,
+            **fill,
         )
-        label = f"{Path(run).name} (L={cfg.data.context}, N={m.num_kv_pairs}, step {step})"
+        label = f"{Path(run).name} (L={cfg.data.context}, N={m.num_kv_pairs}, step {step}"
+        label += ", random fill)" if fill["random_non_queries"] else ")"
         results.append({"run": str(run), "label": label, "step": step, **stats})
     md = markdown(results)
     print(md)

@@ -64,12 +64,15 @@ SOURCES = {
 
 def variant(config: dict[str, Any]) -> str:
     """``softmax``, ``LT_chunked/softplus``, ``LT_chunked/elu1``, ``LT_chunked/softplus+gate``
-    from a run's flat config."""
+    from a run's flat config; `` (random fill)`` when the task fills the non-query positions
+    with random tokens instead of the papers' zeros, since that is another task, not a recipe."""
     name = str(config.get("attention.name"))
     if name not in ("softmax", "flash"):
         name += f"/{config.get('attention.feature_map', 'softplus')}"
         if config.get("attention.decay") not in (None, "none"):
             name += f"+{config['attention.decay']}"
+    if config.get("data.mqar.random_non_queries"):
+        name += " (random fill)"
     return name
 
 

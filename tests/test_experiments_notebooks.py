@@ -212,6 +212,9 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     assert mqar.recipe(config) == "dropout 0.1, beta2 0.999, fresh train examples"
     assert mqar.recipe({"data.mqar.train_examples": 100000, "train.beta2": 0.95}) == "base"
     assert mqar.recipe({"data.mqar.train_examples": 200000}) == "200000 train examples"
+    # Random fill is another task: its own row, never the zero-filled cell's best run.
+    fill = {"attention.name": "softmax", "data.mqar.random_non_queries": True}
+    assert mqar.variant(fill) == "softmax (random fill)" and mqar.recipe(fill) == "base"
     worse = {**first, "run": "other", "accuracy": 0.5, "reached_target": False}
     better = {**first, "run": "other2", "accuracy": 0.995, "reached_target": True}
     better["recipe"] = mqar.recipe(config)
