@@ -172,6 +172,14 @@ def merge(kept: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list
     return _sorted([r for r in old if (r["protocol"], r["run"]) not in fresh] + list(new))
 
 
+def cell_runs(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """``{(attention, L): the run that cell shows}`` (:func:`best` of the cell's runs)."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["attention"], r["L"]), []).append(r)
+    return {key: best(group) for key, group in groups.items()}
+
+
 def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The run a table cell shows: one that reached the target, else the highest final
     accuracy; the papers likewise report the best of their runs."""
@@ -215,10 +223,7 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             + " |",
             "|---" * (len(Ls) + 1) + "|",
         ]
-        by = {
-            key: best(r for r in mine if (r["attention"], r["L"]) == key)
-            for key in {(r["attention"], r["L"]) for r in mine}
-        }
+        by = cell_runs(mine)
         for att in dict.fromkeys(r["attention"] for r in mine):
             cells = []
             for L in Ls:
@@ -264,16 +269,13 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = N
     fig, axes = plt.subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4.2), squeeze=False)
     for ax, protocol in zip(axes[0], protocols):
         mine = [r for r in rows if r["protocol"] == protocol]
+        by = cell_runs(mine)
         for att in dict.fromkeys(r["attention"] for r in mine):
-            cells = [
-                best(r for r in mine if r["attention"] == att and r["L"] == L)
-                for L in sorted({r["L"] for r in mine if r["attention"] == att})
-            ]
-            pts = [
-                (r["L"], r["accuracy"], bool(r["reached_target"]))
-                for r in cells
-                if r["accuracy"] is not None
-            ]
+            pts = sorted(
+                (L, r["accuracy"], bool(r["reached_target"]))
+                for (a, L), r in by.items()
+                if a == att and r["accuracy"] is not None
+            )
             if pts:
                 xs, ys, _ = zip(*pts)
                 (line,) = ax.plot(xs, ys, "-", label=f"ours: {att}")
