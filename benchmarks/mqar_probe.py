@@ -45,9 +45,9 @@ from linear_gpt2.data.mqar import example  # noqa: E402
 def reference_params(params: dict) -> dict:
     """The library's GPT parameters (layers stacked on axis 0) in the reference's layout."""
     h = params["h"]
-    if "bias" in h["attn"]["c_attn"] or "mlp" in h or "conv" in h:
+    if "bias" in h["attn"]["c_attn"] or "mlp" in h or "ln_2" in h or "conv" in h:
         raise ValueError(
-            "the probe reads attention-only models without biases or short convolution "
+            "the probe reads attention-only models without biases, ln_2 or short convolution "
             "(configs/mqar/base.yaml); this run has more: probe a run of that config"
         )
     p = {

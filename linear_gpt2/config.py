@@ -108,6 +108,11 @@ class ArchConfig:
     # Blocks with the MLP (GPT-2). false: attention-only blocks (x + attn(ln_1(x))), the
     # 2-layer models of Zoology's and ReBased's MQAR experiments.
     mlp: bool = True
+    # With mlp: false, also add ln_2(x) to the residual after each attention
+    # (x = x + attn(ln_1(x)); x = x + ln_2(x)). This is what Zoology's TransformerBlock computes
+    # with state_mixer=Identity, the attention-only models of its and ReBased's MQAR figures: the
+    # block returns ln_2 of its stream and the next block (or ln_f) adds that to the residual.
+    identity_state_mixer: bool = False
     # Kernel size of a depthwise causal convolution on each block's attention input (after
     # ln_1, before c_attn), the "short convolution" of Based/ReBased; 0 = none (GPT-2).
     short_conv: int = 0
@@ -150,6 +155,11 @@ class ArchConfig:
             self.short_conv >= 0,
             "model.short_conv",
             f"must be >= 0 (0: none), got {self.short_conv}",
+        )
+        _check(
+            not (self.identity_state_mixer and self.mlp),
+            "model.identity_state_mixer",
+            "replaces the MLP, so it needs model.mlp: false (set mlp: false or drop the option)",
         )
         _check(
             self.loss_positions >= 0,

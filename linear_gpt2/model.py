@@ -21,7 +21,8 @@ Mixed precision follows torch autocast: parameters, the residual stream, LayerNo
 loss are float32; the matmuls run in ``config.dtype``.
 
 Options beyond GPT-2, all off by default (the synthetic-task models of Zoology and ReBased):
-attention-only blocks (``mlp=False``), a short causal convolution before each attention
+attention-only blocks (``mlp=False``, and with ``identity_state_mixer`` the ``x + ln_2(x)`` that
+Zoology's blocks add in place of the MLP), a short causal convolution before each attention
 (``short_conv``), and the head computed only at the labelled positions (``loss_positions``).
 With ``diagnostics`` (:func:`diagnostics`) every attention layer also reports statistics of its
 normaliser, state and output (:mod:`linear_gpt2.diagnostics`).
@@ -284,6 +285,8 @@ class Block(nn.Module):
         x = x + h
         if cfg.mlp:
             x = x + MLP(cfg, self.deterministic, name="mlp")(_layer_norm(cfg, "ln_2")(x))
+        elif cfg.identity_state_mixer:
+            x = x + _layer_norm(cfg, "ln_2")(x)
         return x, cache
 
 

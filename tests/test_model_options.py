@@ -78,3 +78,41 @@ def test_loss_at_labelled_positions_equals_the_full_loss(loss_chunk):
     hits, counted = correct_jit(params, tokens, targets, cfg.replace(loss_positions=3))
     t = np.asarray(targets)
     assert int(counted) == 4 and int(hits) == int(((pred == t) & (t != -1)).sum()) >= 1
+
+
+def test_identity_state_mixer_adds_ln2_of_the_stream_as_zoology_blocks_do():
+    """Zoology's TransformerBlock with state_mixer=Identity returns ln_2(x) and the next block
+    (or ln_f) adds it to the residual: x = x + attn(ln_1(x)); x = x + ln_2(x). Checked against
+    that written out in numpy, with ln_2's scale away from 1 so the term cannot hide."""
+    cfg = ModelConfig(**SMALL, mlp=False, bias=False, identity_state_mixer=True)
+    p = init_params(cfg, 0)
+    p["h"]["ln_2"]["scale"] = 1.0 + 0.5 * jax.random.normal(jax.random.key(3), (2, 16))
+    tokens = jax.random.randint(jax.random.key(4), (2, 16), 0, 64)
+
+    def ln(x, g):
+        x = x - x.mean(-1, keepdims=True)
+        return g * x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
+
+    q = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
+    h, H, D = q["h"], cfg.n_head, cfg.n_embd // cfg.n_head
+    x = q["wte"]["embedding"][np.asarray(tokens)] + q["wpe"]["embedding"][None, :16]
+    mask = np.tril(np.ones((16, 16), bool))
+    for i in range(cfg.n_layer):
+        qkv = ln(x, h["ln_1"]["scale"][i]) @ h["attn"]["c_attn"]["kernel"][i]
+        qh, kh, vh = (a.reshape(2, 16, H, D) for a in np.split(qkv, 3, axis=-1))
+        s = np.einsum("bthd,bshd->bhts", qh, kh) / np.sqrt(D)
+        s = np.where(mask, s, -np.inf)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        y = np.einsum("bhts,bshd->bthd", a, vh).reshape(2, 16, H * D)
+        x = x + y @ h["attn"]["c_proj"]["kernel"][i]
+        x = x + ln(x, h["ln_2"]["scale"][i])
+    want = ln(x, q["ln_f"]["scale"]) @ q["wte"]["embedding"].T
+    got = np.asarray(forward_jit(p, tokens, cfg), np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+    # Without the option the same parameters (less ln_2) give another function.
+    plain = cfg.replace(identity_state_mixer=False)
+    p2 = dict(p, h={k: v for k, v in p["h"].items() if k != "ln_2"})
+    assert not np.allclose(forward_jit(p2, tokens, plain), got, atol=1e-3)
+    with pytest.raises(ValueError, match="model.identity_state_mixer.*mlp: false"):
+        ModelConfig(**SMALL, identity_state_mixer=True)
