@@ -81,6 +81,7 @@ def variant(config: dict[str, Any]) -> str:
 RECIPE_KEYS: tuple[tuple[str, Any, str], ...] = (
     ("model.dropout", 0.0, "dropout {}"),
     ("model.bias", False, "biases {}"),
+    ("model.identity_state_mixer", False, "x + ln_2(x) blocks"),
     ("train.beta2", 0.95, "beta2 {}"),
     ("train.weight_decay", 0.1, "wd {}"),
     ("train.grad_clip", 1.0, "clip {}"),

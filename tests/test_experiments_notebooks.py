@@ -212,6 +212,8 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     assert mqar.recipe(config) == "dropout 0.1, beta2 0.999, fresh train examples"
     assert mqar.recipe({"data.mqar.train_examples": 100000, "train.beta2": 0.95}) == "base"
     assert mqar.recipe({"data.mqar.train_examples": 200000}) == "200000 train examples"
+    zoo = {"model.identity_state_mixer": True, "model.bias": True}
+    assert mqar.recipe(zoo) == "biases True, x + ln_2(x) blocks"
     # Random fill is another task: its own row, never the zero-filled cell's best run.
     fill = {"attention.name": "softmax", "data.mqar.random_non_queries": True}
     assert mqar.variant(fill) == "softmax (random fill)" and mqar.recipe(fill) == "base"
