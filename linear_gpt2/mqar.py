@@ -56,7 +56,8 @@ PUBLISHED: dict[str, dict[str, dict[int, float]]] = {
 }
 SOURCES = {
     "mqar-zoology": "Arora et al. 2023, Zoology, figure 2 (HazyResearch/zoology, "
-    "zoology/experiments/paper/zoology_figure2.py)",
+    "zoology/experiments/paper/figure2.py at 66f4918, now "
+    "zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py)",
     "mqar-rebased": "Aksenov et al. 2024, ReBased, figure 1 (corl-team/rebased, "
     "configs/main_fig_sweep.yaml)",
 }
