@@ -100,7 +100,8 @@ def _main(argv: list[str]) -> int:
             f"{time.monotonic() - t0:.0f} s"
         ),
         "environment": env,
-        "sweeps": [str(s.path) for s in sweeps],
+        # repo-relative, so the committed report names no one's checkout
+        "sweeps": [_shown(s.path, bench.REPO) for s in sweeps],
         "notes": list(args.note),
     }
     out = Path(args.out) if args.out else bench.REPO / "benchmarks" / "results"
@@ -111,6 +112,14 @@ def _main(argv: list[str]) -> int:
     if failed:
         print(f"failed runs: {failed}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _shown(path: Path, repo: Path) -> str:
+    """``path`` relative to the repository when it lies inside it, else as given."""
+    try:
+        return str(path.resolve().relative_to(repo.resolve()))
+    except ValueError:
+        return str(path)
 
 
 if __name__ == "__main__":

@@ -247,7 +247,12 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     out = tmp_path / "out"
     keep = ["--keep", str(FIXTURES / "mqar_cpu.json")]
     assert script.main(["--report-only", "--sweep", sweep, *keep, "--out", str(out)]) == 0
-    assert len(mqar.read_report(out / "mqar_cpu.json")["rows"]) == len(rows)
+    report = mqar.read_report(out / "mqar_cpu.json")
+    assert len(report["rows"]) == len(rows)
+    # The sweeps a report names are repo-relative (a committed report names no one's checkout).
+    assert report["meta"]["sweeps"] == [sweep]  # outside the repo: as given
+    inside = script._shown(mqar.SWEEPS["mqar-zoology"], mqar.REPO_ROOT)
+    assert inside == "configs/sweeps/mqar_zoology.yaml"
     capsys.readouterr()
     bad = ["--report-only", "--sweep", sweep, "--keep", str(tmp_path / "no.json")]
     assert script.main(bad) == 2
