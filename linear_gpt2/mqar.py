@@ -107,6 +107,18 @@ def recipe(config: dict[str, Any]) -> str:
     return ", ".join(parts) or "base"
 
 
+def evaluated_examples(config: dict[str, Any]) -> int:
+    """How many held-out examples each evaluation of the run read: the trainer reads the first
+    ``log.eval_batches`` batches of one update's sequences (``tokens_per_update / context``)
+    from the test split, which its loader reads once, so at most the whole batches it holds."""
+    from linear_gpt2.config import LogConfig
+
+    batch = int(config["train.tokens_per_update"]) // int(config["data.context"])
+    held_out = int(config["data.mqar.test_examples"])
+    batches = int(config.get("log.eval_batches", LogConfig.eval_batches))
+    return min(batches, held_out // batch) * batch
+
+
 def protocol_of(config: dict[str, Any]) -> str:
     """The sweep's name (``log.wandb_group``); a run started outside a sweep belongs to ReBased's
     protocol when it has the short convolution and to Zoology's otherwise."""
@@ -150,7 +162,7 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 reached_target=bool(target is not None and final is not None and final >= target),
                 accuracy=final,
                 best_accuracy=max(a for _, a in accs) if accs else None,
-                test_examples=int(c["data.mqar.test_examples"]),
+                test_examples=evaluated_examples(c),
                 train_seconds=round(sum(times), 1),
                 run=run.name,
             )
@@ -203,7 +215,8 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         f"Measured on {meta.get('machine', 'this machine')} ({meta.get('note', '')}).",
         "Ours: final held-out accuracy (fraction of queries whose value is the argmax over the "
-        "8192-way vocabulary) on the first `test_examples` of the test split, one seed and one "
+        "8192-way vocabulary) on the first 'test examples' of the test split (as many as the run's "
+        "evaluation read), one seed and one "
         "learning rate per run, stopped at 99% as the papers stop; where a cell has several runs "
         "(settings below) it shows the best. Recipe: the run's departures from "
         "configs/mqar/base.yaml. Published: best over the papers' learning-rate sweeps.",

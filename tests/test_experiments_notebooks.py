@@ -260,6 +260,50 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     assert len(err) == 1 and "no such report" in err[0], err
 
 
+@pytest.mark.parametrize(
+    "context, tokens, test_examples, eval_batches, expected",
+    [
+        (512, 8192, 512, 8, 128),  # ReBased L = 512 at batch 16: 8 of 32 batches
+        (128, 8192, 512, 8, 512),  # batch 64: the whole split
+        (256, 65536, 512, 8, 512),  # batch 256: the split holds 2 batches, read once
+        (1024, 8192, 512, 64, 512),  # batch 8, 64 batches: the whole split
+        (64, 4096, 100, 8, 64),  # a partial last batch is not read
+    ],
+)
+def test_mqar_report_counts_the_test_examples_the_evaluation_read(
+    context, tokens, test_examples, eval_batches, expected
+):
+    """The report's 'test examples' is what the trainer's evaluation read (log.eval_batches
+    batches of one update's sequences from the validation loader), not the split's size."""
+    from linear_gpt2 import data as data_lib
+    from linear_gpt2 import mqar
+    from linear_gpt2.config import load_config
+
+    overrides = [
+        f"data.context={context}",
+        f"model.block_size={context}",
+        f"train.tokens_per_update={tokens}",
+        f"train.micro_batch={tokens // context}",
+        f"data.mqar.test_examples={test_examples}",
+        f"log.eval_batches={eval_batches}",
+    ]
+    cfg = load_config(ROOT / "configs" / "mqar" / "base.yaml", overrides)
+    flat = {
+        "train.tokens_per_update": tokens,
+        "data.context": context,
+        "data.mqar.test_examples": test_examples,
+        "log.eval_batches": eval_batches,
+    }
+    assert mqar.evaluated_examples(flat) == expected
+    # the trainer's evaluation: the first eval_batches batches of the validation loader
+    loader = data_lib.make_loader(cfg.data, "validation", tokens // context)
+    try:
+        read = sum(len(b["inputs"]) for _, b in zip(range(eval_batches), loader))
+    finally:
+        loader.close()
+    assert read == expected
+
+
 def write_empty_sweep(tmp_path):
     path = tmp_path / "sweep.yaml"
     path.write_text(
