@@ -196,8 +196,13 @@ def cell_runs(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str,
 
 def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The run a table cell shows: one that reached the target, else the highest final
-    accuracy; the papers likewise report the best of their runs."""
-    return max(rows, key=lambda r: (bool(r["reached_target"]), r["accuracy"] or 0.0))
+    accuracy; the papers likewise report the best of their runs. Accuracies equal at the
+    table's precision (three decimals: runs on a plateau differ only by noise) go to the run
+    with the most updates, the one that says most about the cell."""
+    return max(
+        rows,
+        key=lambda r: (bool(r["reached_target"]), round(r["accuracy"] or 0.0, 3), r["steps"]),
+    )
 
 
 def _num(v: Any) -> bool:

@@ -221,6 +221,11 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     better = {**first, "run": "other2", "accuracy": 0.995, "reached_target": True}
     better["recipe"] = mqar.recipe(config)
     assert mqar.best([worse, better]) is better and mqar.best([worse, first]) is first
+    # Runs on a plateau (equal at the table's three decimals): the cell shows the longest one.
+    short = {**first, "run": "s", "accuracy": 0.00026, "reached_target": False, "steps": 467}
+    long = {**first, "run": "l", "accuracy": 0.00018, "reached_target": False, "steps": 5838}
+    assert mqar.best([short, long]) is long
+    assert mqar.best([{**short, "accuracy": 0.0021}, long])["run"] == "s"
     # merge: kept rows (no recipe column in older reports) read as the base recipe; a new row of
     # the same protocol and run name replaces the kept one.
     kept = [{k: v for k, v in r.items() if k != "recipe"} for r in rows]
