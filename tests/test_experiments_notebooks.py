@@ -293,12 +293,7 @@ def test_mqar_report_counts_the_test_examples_the_evaluation_read(
         f"log.eval_batches={eval_batches}",
     ]
     cfg = load_config(ROOT / "configs" / "mqar" / "base.yaml", overrides)
-    flat = {
-        "train.tokens_per_update": tokens,
-        "data.context": context,
-        "data.mqar.test_examples": test_examples,
-        "log.eval_batches": eval_batches,
-    }
+    flat = dict(o.split("=") for o in overrides)  # the run's flat config, as collect reads it
     assert mqar.evaluated_examples(flat) == expected
     # the trainer's evaluation: the first eval_batches batches of the validation loader
     loader = data_lib.make_loader(cfg.data, "validation", tokens // context)
