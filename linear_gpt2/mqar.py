@@ -194,6 +194,9 @@ def cell_runs(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str,
     return {key: best(group) for key, group in groups.items()}
 
 
+DECIMALS = 3  # the report's accuracy precision; best() ties runs that print the same
+
+
 def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The run a table cell shows: one that reached the target, else the highest final
     accuracy; the papers likewise report the best of their runs. Accuracies equal at the
@@ -201,7 +204,7 @@ def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     with the most updates, the one that says most about the cell."""
     return max(
         rows,
-        key=lambda r: (bool(r["reached_target"]), round(r["accuracy"] or 0.0, 3), r["steps"]),
+        key=lambda r: (bool(r["reached_target"]), round(r["accuracy"] or 0.0, DECIMALS), r["steps"]),
     )
 
 
@@ -210,7 +213,7 @@ def _num(v: Any) -> bool:
 
 
 def _fmt(v: float | None) -> str:
-    return "" if v is None else f"{v:.3f}"
+    return "" if v is None else f"{v:.{DECIMALS}f}"
 
 
 def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
