@@ -204,7 +204,11 @@ def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     with the most updates, the one that says most about the cell."""
     return max(
         rows,
-        key=lambda r: (bool(r["reached_target"]), round(r["accuracy"] or 0.0, DECIMALS), r["steps"]),
+        key=lambda r: (
+            bool(r["reached_target"]),
+            round(r["accuracy"] or 0.0, DECIMALS),
+            r["steps"],
+        ),
     )
 
 

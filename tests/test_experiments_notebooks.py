@@ -367,3 +367,46 @@ def test_mqar_probe_reads_the_library_model_and_measures_its_heads(tmp_path, cap
         md.splitlines()[0] == "| statistic | a (L=8) | b |"
         and "| accuracy | 0.5000 | 1.0000 |" in md
     )
+
+
+def test_zoology_reference_loss_at_the_queries_equals_zoologys_loss_over_all_positions(tmp_path):
+    """The reference driver applies the head at the labelled positions only; its loss, accuracy
+    and gradients must equal Zoology's cross-entropy over every position with -100 ignored."""
+    torch = pytest.importorskip("torch", reason="the parity extra installs torch")
+    import torch.nn.functional as F
+
+    ref = load_benchmark("mqar_zoology_reference")
+    torch.manual_seed(0)
+    backbone = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Tanh())
+    head = torch.nn.Linear(8, 50, bias=False)
+    inputs = torch.randint(50, (3, 11))
+    labels = torch.full((3, 11), -100)
+    labels[:, [4, 7, 10]] = torch.randint(50, (3, 3))
+    loss, acc = ref.query_loss(backbone, head, inputs, labels)
+    grads = torch.autograd.grad(loss, list(backbone.parameters()) + list(head.parameters()))
+    logits = head(backbone(inputs))  # [B, T, V]: Zoology's head at every position
+    full = F.cross_entropy(logits.reshape(-1, 50), labels.reshape(-1), ignore_index=-100)
+    full_grads = torch.autograd.grad(full, list(backbone.parameters()) + list(head.parameters()))
+    assert abs(loss.item() - full.item()) < 1e-6 * full.item()
+    for g, h in zip(grads, full_grads):
+        assert torch.linalg.norm(g - h) <= 1e-5 * torch.linalg.norm(h)
+    mask = labels != -100
+    assert acc.item() == (logits.argmax(-1)[mask] == labels[mask]).float().mean().item()
+    # No checkout: one line naming the fix, exit 2, nothing written.
+    out = tmp_path / "o.jsonl"
+    assert ref.main(["--zoology", str(tmp_path / "none"), "--out", str(out)]) == 2
+    assert not out.exists()
+    # The table of a run's evaluations, with the sequences seen (update x batch).
+    row = dict(
+        update=50,
+        epoch=0,
+        lr=2.1544e-3,
+        train_loss=8.5,
+        test_loss=8.37,
+        test_acc=0.25,
+        train_s=157.7,
+    )
+    out.write_text(json.dumps(row) + "\n")
+    md = tmp_path / "t.md"
+    assert ref.main(["--out", str(out), "--table", str(md), "--batch", "4"]) == 0
+    assert "| 50 | 0 | 200 | 0.00215 | 8.500 | 8.370 | 0.2500 | 158 |" in md.read_text()
