@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                 lo, ac = loss_acc(
                     data.test_inputs[s : s + args.batch], data.test_labels[s : s + args.batch]
                 )
-                losses.append(lo.item()), accs.append(ac.item())
+                losses.append(lo.item())
+                accs.append(ac.item())
         model.train()
         return float(np.mean(losses)), float(np.mean(accs))
 
