@@ -39,13 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from linear_gpt2 import env  # noqa: E402
-from linear_gpt2.bench import environment  # noqa: E402
-from linear_gpt2.data import TokenizedSource, c4_files, ensure_sample, prepare_split  # noqa: E402
-from linear_gpt2.data.loader import Loader  # noqa: E402
-from linear_gpt2.data.packing import doc_tokens  # noqa: E402
-from linear_gpt2.data.sample import document  # noqa: E402
-from linear_gpt2.data.sources import iter_file  # noqa: E402
+from linear_gpt2.experiments.provenance import environment  # noqa: E402
+from linear_gpt2.platform import env  # noqa: E402
+from linear_gpt2.training.data import TokenizedSource, c4_files, ensure_sample, prepare_split  # noqa: E402
+from linear_gpt2.training.data.loader import Loader  # noqa: E402
+from linear_gpt2.training.data.packing import doc_tokens  # noqa: E402
+from linear_gpt2.training.data.sample import document  # noqa: E402
+from linear_gpt2.training.data.sources import iter_file  # noqa: E402
 
 H100_TOKENS_PER_S = 470_000  # GPT-2 124M training on one H100 (nanoGPT-class setup)
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def best(measure, repeats: int) -> dict:
 def bench_open(split_dir: Path) -> dict[str, dict]:
     """``TokenShards(split_dir)`` timed twice: the first open validates every id (the record of
     earlier validations is removed first), the second finds the shards unchanged."""
-    from linear_gpt2.data.shards import VALIDATED, TokenShards
+    from linear_gpt2.training.data.shards import VALIDATED, TokenShards
 
     (split_dir / VALIDATED).unlink(missing_ok=True)
     t = time.perf_counter()

@@ -42,15 +42,12 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import attention, flops, kernels  # noqa: E402
-from linear_gpt2.bench import environment  # noqa: E402
-from linear_gpt2.config import ModelConfig  # noqa: E402
-from linear_gpt2.memory import is_oom  # noqa: E402
+from linear_gpt2 import attention, kernels
+from linear_gpt2.experiments.provenance import environment  # noqa: E402
+from linear_gpt2.model import flops  # noqa: E402
+from linear_gpt2.model.config import ModelConfig  # noqa: E402
+from linear_gpt2.platform.memory import is_oom  # noqa: E402
 
-# LT_chunked's "pallas" chooses between its two designs by shape (recorded per row as
-# ``design``); the explicit names time each design, which is what checks the choice.
-ALL_KERNELS = ("xla", "pallas", "pallas_chunk", "pallas_fused_chunk", "triton", "cudnn")
-PALLAS_NAMES = ("pallas", "pallas_chunk", "pallas_fused_chunk")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
 
@@ -58,16 +55,15 @@ def configurations(names, chunk_size: int, include_interpret: bool):
     """(name, kernel, fn) for every attention and every kernel it can run on this backend."""
     out = []
     for name in names:
-        if "kernel" not in attention.options_of(name):
+        spec = attention.spec(name)
+        if "kernel" not in spec.options:
             out.append((name, "default", attention.get(name)))
             continue
-        for kernel in ALL_KERNELS:
-            if kernel == "cudnn" and not kernels.on_gpu():
-                continue  # flash checks the backend only when called
-            if (kernel in PALLAS_NAMES or kernel == "triton") and not (
-                kernels.on_gpu() or include_interpret
-            ):
-                continue  # interpret mode: correct but no speed to measure
+        # Every kernel the variant names (LT_chunked's "pallas" chooses between its designs by
+        # shape, recorded per row as ``design``; the explicit names time each design).
+        for kernel in (k for k in spec.kernels if k != "auto"):
+            if kernel != "xla" and not (kernels.on_gpu() or include_interpret):
+                continue  # interpret mode, or a GPU-only kernel: no speed to measure here
             try:
                 fn = attention.get(name, kernel=kernel, chunk_size=chunk_size)
             except (NotImplementedError, ValueError, kernels.KernelUnavailableError):
@@ -88,13 +84,12 @@ def time_fn(f, args, warmup: int, repeats: int) -> float:
 
 
 def design(name: str, kernel: str, B: int, T: int, H: int, D: int, c: int, dtype) -> str:
-    """The LT_chunked Pallas design that runs (``pallas`` chooses by shape; logged too), or ''."""
-    if name != "LT_chunked" or kernel not in PALLAS_NAMES:
+    """The implementation that runs (the spec's ``kernel_design``: for LT_chunked's ``pallas``
+    the design it chose by shape), or '' where the variant names none."""
+    spec = attention.spec(name)
+    if spec.kernel_design is None or kernel == "default":
         return ""
-    from linear_gpt2.kernels import lt_chunked as chunked_kernels
-
-    Tp = -(-T // c) * c
-    return chunked_kernels.choose(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype)
+    return spec.kernel_design((B, T, H, D), dtype, {"kernel": kernel, "chunk_size": c})
 
 
 def fwd_flops(name: str, B: int, T: int, H: int, D: int, c: int) -> float:

@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart", action="store_true")
     args = p.parse_args(argv)
 
-    from linear_gpt2 import bench, target
-    from linear_gpt2.config import load_config
+    from linear_gpt2.experiments import compile_step, provenance
+    from linear_gpt2.platform import target
+    from linear_gpt2.training.config import load_config
 
     t = target.get(args.target)
     stem = args.stem or f"configs_{t.name}_compiled"
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict] = {}
     if path.exists() and not args.restart:
         rows = {r["config"]: r for r in json.loads(path.read_text())["rows"]}
-    env = bench.environment()
+    env = provenance.environment()
     env["device_kind"] = f"{t.device['name']} x {t.n_devices} (compiled for, deviceless)"
     for file in args.configs:
         name = str(Path(file).relative_to(REPO)) if Path(file).is_absolute() else file
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cfg = load_config(file)
         try:
-            r = target.compile_config(cfg, t)
+            r = compile_step.compile_config(cfg, t)
             row = {
                 "config": name,
                 "attention": cfg.attention.name,

@@ -2,7 +2,7 @@
 ``attention.doc_reset: true`` and ``attention.decay: gate`` against the plain ``LT_chunked``
 step, both compiled for the H100 on this (CPU) machine with the auto memory settings.
 
-Nothing runs: XLA's buffer assignment of the H100 program (``target.compile_train_step``). With
+Nothing runs: XLA's buffer assignment of the H100 program (``compile_step.compile_train_step``). With
 forgetting, ``kernel=auto`` compiles to the chunk-parallel Pallas kernels with resets and gates.
 
     python benchmarks/forget_memory.py --context 65536 1048576 \\
@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import linear_gpt2  # noqa: E402, F401  (before JAX starts its backends)
-from linear_gpt2 import target  # noqa: E402
-from linear_gpt2.config import ModelConfig  # noqa: E402
-from linear_gpt2.memory import GiB  # noqa: E402
+from linear_gpt2.experiments import compile_step  # noqa: E402
+from linear_gpt2.model.config import ModelConfig  # noqa: E402
+from linear_gpt2.platform.memory import GiB  # noqa: E402
 
 VARIANTS = {
     "plain": dict(),
@@ -30,14 +30,14 @@ VARIANTS = {
 }
 
 
-def measure(context: int, start_rung: int = 0) -> dict[str, target.StepReport]:
+def measure(context: int, start_rung: int = 0) -> dict[str, compile_step.StepReport]:
     out = {}
     for name, extra in VARIANTS.items():
         cfg = ModelConfig.preset(
             "124M", attention="LT_chunked", block_size=context, dtype="bfloat16", **extra
         )
         t0 = time.perf_counter()
-        out[name] = target.compile_train_step(cfg, "h100", batch=1, start_rung=start_rung)
+        out[name] = compile_step.compile_train_step(cfg, "h100", batch=1, start_rung=start_rung)
         r = out[name]
         print(
             f"T={context} {name}: {r.compile.memory.total / GiB:.2f} GiB, fits={r.fits}, "
@@ -47,8 +47,8 @@ def measure(context: int, start_rung: int = 0) -> dict[str, target.StepReport]:
     return out
 
 
-def label(r: target.StepReport) -> str:
-    from linear_gpt2 import memory_plan
+def label(r: compile_step.StepReport) -> str:
+    from linear_gpt2.training import memory_plan
 
     return memory_plan.label(r.config)
 
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     lines = [
         "# 124M training step with forgetting: compiled memory for the H100",
         "",
-        "Compiled for the H100 on a CPU machine (deviceless, `target.compile_train_step`: XLA's "
+        "Compiled for the H100 on a CPU machine (deviceless, `compile_step.compile_train_step`: XLA's "
         "buffer assignment of the H100 program, nothing run), at commit "
         f"`{commit}` (the kernels' code; this file is committed after it). "
         "Batch 1, bfloat16, AdamW, `LT_chunked` with `kernel: auto` (the Pallas kernels), the "

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mqar_reference import layer_norm  # noqa: E402
 
-from linear_gpt2.data.mqar import example  # noqa: E402
+from linear_gpt2.training.data.mqar import example  # noqa: E402
 
 
 def reference_params(params: dict) -> dict:
@@ -153,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--title", default="", help="a line above the table in OUT.md")
     a = ap.parse_args(argv)
-    from linear_gpt2 import sampling
+    from linear_gpt2.training import trained
 
     results = []
     for run in a.runs:
-        params, model_cfg, cfg, step = sampling.load(run)
+        params, model_cfg, cfg, step = trained.load(run)
         if cfg.data.source != "mqar" or model_cfg.attention not in ("softmax", "flash"):
             print(
                 f"error: {run} is not a softmax MQAR run; probe a run of configs/mqar/base.yaml",

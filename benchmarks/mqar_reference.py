@@ -29,7 +29,7 @@ import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2.data.mqar import example  # noqa: E402
+from linear_gpt2.training.data.mqar import example  # noqa: E402
 
 
 def batch(start: int, n: int, split: str, L: int, N: int, V: int):

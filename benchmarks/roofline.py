@@ -36,12 +36,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import target  # noqa: E402
+from linear_gpt2.experiments import compile_step  # noqa: E402
+from linear_gpt2.platform import target  # noqa: E402
 
 if __name__ == "__main__":
     target.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
 
-from linear_gpt2.bench import environment  # noqa: E402
+from linear_gpt2.experiments.provenance import environment  # noqa: E402
 from linear_gpt2.kernels.lt_chunked import cost, plan  # noqa: E402
 
 B, H, D, S = 1, 12, 64, 2  # bfloat16
@@ -73,7 +74,7 @@ def compiled_resources(design: str, c: int) -> dict[str, tuple[int | None, int, 
         old = OLD_MEASURED[c]
         return old if isinstance(old, dict) else {}
     kernel = {"chunk": "pallas_chunk", "fused": "pallas_fused_chunk"}[design]
-    r = target.compile_attention(
+    r = compile_step.compile_attention(
         "LT_chunked", (B, COMPILE_T, H, D), "bfloat16", "h100", chunk_size=c, kernel=kernel
     )
     out = {}

@@ -51,7 +51,10 @@ print(STEP_TIME_RESULTS, SAMPLE_TIME_RESULTS)
     new_code_cell(
         """\
 import json
-from linear_gpt2 import bench, plots
+from linear_gpt2.experiments import step_time as bench
+from linear_gpt2.experiments import plots
+from linear_gpt2.experiments import axes
+from linear_gpt2.experiments import runs
 
 data = bench.read_results(STEP_TIME_RESULTS)
 results = data["results"]
@@ -79,7 +82,7 @@ for size in sizes:
     lines = [f"### {size}", "", "| context | " + " | ".join(names) + " |",
              "|---" * (len(names) + 1) + "|"]
     for t in contexts:
-        lines.append(f"| {plots.context_label(t)} | "
+        lines.append(f"| {axes.context_label(t)} | "
                      + " | ".join(cell(by.get((n, t))) for n in names) + " |")
     display(Markdown("\\n".join(lines)))
 """
@@ -106,8 +109,8 @@ for size in sizes:
     for n in names:
         pts = sorted((r["context"], r["median_ms"]) for r in results
                      if r["size"] == size and r["attention"] == n and r["status"] == "ok")
-        s_all = plots.loglog_slope(*zip(*pts)) if len(pts) >= 2 else None
-        s_tail = plots.loglog_slope(*zip(*pts[-3:])) if len(pts) >= 3 else None
+        s_all = axes.loglog_slope(*zip(*pts)) if len(pts) >= 2 else None
+        s_tail = axes.loglog_slope(*zip(*pts[-3:])) if len(pts) >= 3 else None
         lim = lims.get(n, {}).get(size, {})
         fmt = lambda s: "" if s is None else f"{s:.2f}"
         rows.append(f"| {size} | {n} | {lim.get('max_context')} | {lim.get('oom_at') or ''} | "
@@ -121,7 +124,7 @@ for size in sizes:
     for t in contexts:
         f, c = by.get(("flash", t)), by.get(("LT_chunked", t))
         if f and c:
-            speed.append(f"| {size} | {plots.context_label(t)} | {f['median_ms']:.4g} | "
+            speed.append(f"| {size} | {axes.context_label(t)} | {f['median_ms']:.4g} | "
                          f"{c['median_ms']:.4g} | {f['median_ms'] / c['median_ms']:.2f}x |")
 display(Markdown("\\n".join(speed)))
 """
@@ -140,7 +143,7 @@ if SAMPLE_TIME_RESULTS:
         for dec in dict.fromkeys(r["decoder"] for r in group):
             pts = [(r["context"], r["median_ms"]) for r in group
                    if r["decoder"] == dec and r.get("median_ms")]
-            print(f"{size} {dec}: slope {plots.loglog_slope(*zip(*pts)):.2f}")
+            print(f"{size} {dec}: slope {axes.loglog_slope(*zip(*pts)):.2f}")
 else:
     print("no sampling results (run scripts/bench_sample.py)")
 """
@@ -153,7 +156,7 @@ LOSS = [
         "The post's learning study: GPT-2 trained for 24 hours on C4 at four contexts with "
         "flash softmax and LT_chunked. Runs are read from run directories (`config.yaml` + "
         "`metrics.jsonl`, e.g. the output of `scripts/sweep.py configs/sweeps/post_learning_*`)"
-        "; `linear_gpt2.plots.load_wandb_runs` reads the same from a wandb project."
+        "; `linear_gpt2.runs.load_wandb_runs` reads the same from a wandb project."
     ),
     new_code_cell(
         SETUP
@@ -167,9 +170,9 @@ print(RUNS_DIR)
     ),
     new_code_cell(
         """\
-from linear_gpt2 import plots
+from linear_gpt2.experiments import plots
 
-runs = plots.find_runs([RUNS_DIR])
+runs = runs.find_runs([RUNS_DIR])
 sizes = list(dict.fromkeys(r.size for r in runs))
 print(f"{len(runs)} runs: " + ", ".join(r.name for r in runs))
 """
@@ -191,7 +194,7 @@ for size in sizes:
     ),
     new_code_cell(
         """\
-table = plots.final_loss_table(runs)
+table = runs.final_loss_table(runs)
 lines = ["| size | context | softmax | linear | gap |", "|---|---|---|---|---|"]
 keys = sorted({(r["size"], r["context"]) for r in table}, key=lambda k: (k[0], k[1]))
 for size, ctx in keys:
@@ -199,7 +202,7 @@ for size, ctx in keys:
     s, l = fam.get("softmax"), fam.get("linear")
     gap = f"{l - s:+.3f}" if s is not None and l is not None else ""
     fmt = lambda v: "" if v is None else f"{v:.3f}"
-    lines.append(f"| {size} | {plots.context_label(ctx)} | {fmt(s)} | {fmt(l)} | {gap} |")
+    lines.append(f"| {size} | {axes.context_label(ctx)} | {fmt(s)} | {fmt(l)} | {gap} |")
 display(Markdown("\\n".join(lines)))
 png = plots.plot_final_loss_vs_params(runs, FIG_DIR / "final_loss_vs_params.png")
 display(Image(filename=str(png)))
@@ -235,7 +238,7 @@ print(MQAR_RESULTS, CONTEXT_RUNS)
     new_markdown_cell("## MQAR: ours beside the published accuracies"),
     new_code_cell(
         """\
-from linear_gpt2 import mqar
+from linear_gpt2.experiments import mqar
 
 report = mqar.read_report(MQAR_RESULTS)
 rows = report["rows"]
@@ -261,12 +264,12 @@ for att in dict.fromkeys(r["attention"] for r in rows if r["protocol"] == "mqar-
     new_markdown_cell("## Loss against context: final held-out loss and the gap to flash"),
     new_code_cell(
         """\
-from linear_gpt2 import plots
+from linear_gpt2.experiments import plots
 
-runs = plots.find_runs([CONTEXT_RUNS])
-table = plots.context_table(runs)
+runs = runs.find_runs([CONTEXT_RUNS])
+table = runs.context_table(runs)
 print(f"{len(runs)} runs: " + ", ".join(r.name for r in runs))
-display(Markdown(plots.context_table_markdown(table)))
+display(Markdown(runs.context_table_markdown(table)))
 gaps = {}
 for x in table:
     if x["gap"] is not None and not x["baseline"]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2 import bench
+    from linear_gpt2.experiments import provenance
+    from linear_gpt2.experiments import step_time as bench
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--attentions", nargs="+", default=["softmax", "LT_chunked"])
@@ -42,28 +43,28 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prefill", action="store_true", help="fill half the cache first")
     p.add_argument("--tiny", action="store_true", help="tiny model and contexts: CPU")
-    p.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(provenance.REPO / "benchmarks" / "results"))
     p.add_argument("--stem", default=None, help="default sample_time_<device>")
     args = p.parse_args(argv)
 
-    from linear_gpt2 import distributed
+    from linear_gpt2.training import distributed
 
     distributed.initialize()  # a missing device is one line, not a JAX traceback
-    from linear_gpt2 import plots, sampling
+    from linear_gpt2.experiments import plots, sample_time
 
     sizes = args.sizes or (["tiny"] if args.tiny else ["124M"])
     contexts = args.contexts or (
         [256, 1024, 4096, 16384] if args.tiny else bench.default_contexts(1024, 2**19)
     )
     dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
-    env = bench.environment()
-    stem = args.stem or f"sample_time_{'tiny_' if args.tiny else ''}" + bench.device_slug(
+    env = provenance.environment()
+    stem = args.stem or f"sample_time_{'tiny_' if args.tiny else ''}" + provenance.device_slug(
         env["device_kind"]
     )
     all_rows = []
     for size in sizes:
         configs = [bench.model_config(size, a, max(contexts), dtype=dtype) for a in args.attentions]
-        rows = sampling.bench_next_token(
+        rows = sample_time.bench_next_token(
             None, configs, contexts, steps=args.steps, rounds=args.rounds, prefill=args.prefill
         )
         for r in rows:
@@ -89,7 +90,7 @@ def _main(argv: list[str]) -> int:
             "batch": 1,
         },
     }
-    for path in sampling.write_sample_results(all_rows, args.out, stem, meta):
+    for path in sample_time.write_sample_results(all_rows, args.out, stem, meta):
         print(f"wrote {path}")
     return 0
 

@@ -38,7 +38,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import attention, bench, cli, plots  # noqa: E402
+from linear_gpt2 import attention
+from linear_gpt2.experiments import (
+    frontier,
+    plots,  # noqa: E402
+    provenance,
+)
+from linear_gpt2.experiments import step_time as bench
+from linear_gpt2.platform import cli
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunk-sizes", nargs="+", type=int, default=None)
     p.add_argument("--max-bytes", type=int, default=None, help="simulated device memory (bytes)")
     p.add_argument("--tiny", action="store_true", help="tiny model, short contexts: CPU smoke run")
-    p.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(provenance.REPO / "benchmarks" / "results"))
     p.add_argument("--stem", default=None, help="output file stem (default step_time_<device>)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--target", default=None, help="compile-only memory frontier for this target")
@@ -72,19 +79,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def frontier_main(args) -> int:
-    from linear_gpt2 import target
+    from linear_gpt2.platform import target
 
     t = target.get(args.target)
     names = args.attentions or attention.names()
     sizes = args.sizes or [s for s in bench.SIZES if s != "tiny"]
     contexts = args.contexts or bench.default_contexts(args.min_context, args.max_context)
-    env = bench.environment()
+    env = provenance.environment()
     env["device_kind"] = f"{t.device['name']} (compiled for, deviceless; no GPU here)"
     stem = args.stem or f"memory_frontier_{t.name}_compiled"
     out = Path(args.out)
     done = []
     if not args.restart and (out / f"{stem}.json").exists():
-        done = bench.read_frontier(out / f"{stem}.json")
+        done = frontier.read_frontier(out / f"{stem}.json")
         print(f"resuming: {len(done)} points already compiled in {out / f'{stem}.json'}")
     meta = {
         "environment": env,
@@ -110,10 +117,10 @@ def frontier_main(args) -> int:
             f"{(' ' + p.error) if p.error else ''}",
             flush=True,
         )
-        bench.write_frontier(points, out, stem, meta)  # after every point: resumable
+        frontier.write_frontier(points, out, stem, meta)  # after every point: resumable
 
     print(f"{t.describe()} | jax {env['jax_version']} | commit {env['git_commit']}")
-    results = bench.run_frontier(
+    results = frontier.run_frontier(
         names, sizes, t.name, contexts, batch=args.batch, dtype=args.dtype, done=done,
         on_result=report,
     )  # fmt: skip
@@ -121,14 +128,14 @@ def frontier_main(args) -> int:
     keyed = {(p.attention, p.size, p.context): p for p in done}
     keyed.update({(p.attention, p.size, p.context): p for p in results})
     results = list(keyed.values())
-    paths = bench.write_frontier(results, out, stem, meta)
+    paths = frontier.write_frontier(results, out, stem, meta)
     print("wrote " + ", ".join(str(p) for p in paths))
     if not args.no_plot:
         png = plots.plot_memory_frontier(
             [bench.dataclasses.asdict(p) for p in results],
             out / f"{stem}.png",
             t.budget_bytes / 2**30,
-            bench.POST_FRONTIER,
+            frontier.POST_FRONTIER,
             title=f"Training-step memory per device vs context, compiled for {t.name} "
             "(x: does not fit; triangle: the post's largest context)",
         )
@@ -146,7 +153,7 @@ def _main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.target:  # compile-only: no device is used
         return frontier_main(args)
-    from linear_gpt2 import distributed
+    from linear_gpt2.training import distributed
 
     distributed.initialize()  # a missing device is one line, not a JAX traceback
     names = args.attentions or attention.names()
@@ -161,9 +168,9 @@ def _main(argv: list[str]) -> int:
         chunks = args.chunk_sizes or list(bench.CHUNK_CANDIDATES)
         warmup, repeats = args.warmup, args.repeats
     fast = args.fast_compile or (args.tiny and not args.full_compile)
-    env = bench.environment()
+    env = provenance.environment()
     stem = args.stem or (
-        f"step_time_{'tiny_' if args.tiny else ''}{bench.device_slug(env['device_kind'])}"
+        f"step_time_{'tiny_' if args.tiny else ''}{provenance.device_slug(env['device_kind'])}"
     )
     print(f"device {env['device_kind']} | jax {env['jax_version']} | commit {env['git_commit']}")
 

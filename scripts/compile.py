@@ -31,11 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.experiments import compile_step
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from linear_gpt2 import target
+    from linear_gpt2.platform import target
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config", nargs="?", help="run config (YAML); omit with --attention")
@@ -108,7 +109,6 @@ def print_kernels(report) -> None:
 
 
 def run_attention(args) -> int:
-    from linear_gpt2 import target
 
     options = {}
     for o in args.overrides:
@@ -122,7 +122,7 @@ def run_attention(args) -> int:
         attention.get(args.attention, **options)  # bad names and options: usage errors
     except (ValueError, TypeError, NotImplementedError) as e:
         raise cli.UsageError(str(e)) from None
-    report = target.compile_attention(
+    report = compile_step.compile_attention(
         args.attention,
         tuple(args.shape),
         args.dtype,
@@ -150,9 +150,9 @@ def _is_float(v: str) -> bool:
 
 
 def run_step(args) -> int:
-    from linear_gpt2 import target
-    from linear_gpt2.config import load_config
-    from linear_gpt2.memory import GiB
+    from linear_gpt2.platform import target
+    from linear_gpt2.platform.memory import GiB
+    from linear_gpt2.training.config import load_config
 
     t = target.get(args.target)
     cfg = load_config(args.config, args.overrides)
@@ -160,7 +160,7 @@ def run_step(args) -> int:
     budget = None if args.budget_gib is None else int(args.budget_gib * GiB)
     budget_of = budget if budget is not None else t.budget_bytes
     print(t.describe())
-    report = target.compile_config(
+    report = compile_step.compile_config(
         cfg,
         t,
         batch=args.batch,
@@ -185,7 +185,7 @@ def run_step(args) -> int:
     if args.frontier or not report.fits:
         micro = batch  # global sequences of one micro-step; accumulation adds no memory
         hi = 2**21 if args.frontier else report.context // 2
-        best, reports = target.largest_context(
+        best, reports = compile_step.largest_context(
             model_cfg, t, batch=micro, lo=1024, hi=max(hi, 1024), budget_bytes=budget,
             on_report=lambda T, r: print(
                 f"  context {T:>9,}: {_gib(r.compile.memory.total)} GiB "
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2 import target
+    from linear_gpt2.platform import target
 
     if "--kernels" in argv or "--attention" in argv:
         # ptxas's register/spill report is an XLA INFO log: enable it before JAX starts.

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2 import bench, mqar
-    from linear_gpt2 import sweep as sweep_lib
+    from linear_gpt2.experiments import mqar, provenance
+    from linear_gpt2.experiments import sweep as sweep_lib
 
     args = parse_args(argv)
     if args.sweep:
@@ -88,7 +88,7 @@ def _main(argv: list[str]) -> int:
             f"no finished MQAR runs under {', '.join(str(s.out_dir) for s in sweeps)}; run "
             "without --report-only first"
         )
-    env = bench.environment()
+    env = provenance.environment()
     meta = {
         "machine": f"the {os.cpu_count()}-core {env['device_kind'].upper()} machine "
         f"({platform.processor() or platform.machine()}, jax {env['jax_version']})",
@@ -101,10 +101,10 @@ def _main(argv: list[str]) -> int:
         ),
         "environment": env,
         # repo-relative, so the committed report names no one's checkout
-        "sweeps": [_shown(s.path, bench.REPO) for s in sweeps],
+        "sweeps": [_shown(s.path, provenance.REPO) for s in sweeps],
         "notes": list(args.note),
     }
-    out = Path(args.out) if args.out else bench.REPO / "benchmarks" / "results"
+    out = Path(args.out) if args.out else provenance.REPO / "benchmarks" / "results"
     paths = mqar.write_report(rows, out, meta, name=args.name)
     print(Path(paths["md"]).read_text())
     for p in paths.values():

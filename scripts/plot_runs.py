@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2 import plots
+    from linear_gpt2.experiments import plots
+    from linear_gpt2.experiments import runs as runs_lib
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("runs", nargs="*", help="run directories or directories of runs")
@@ -50,9 +51,9 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--out", default="figures")
     p.add_argument("--label", default="", help="appended to every figure's title (machine, budget)")
     args = p.parse_args(argv)
-    runs = plots.find_runs(args.runs) if args.runs else []
+    runs = runs_lib.find_runs(args.runs) if args.runs else []
     if args.wandb_project:
-        runs += plots.load_wandb_runs(args.wandb_project, args.wandb_group, args.wandb_entity)
+        runs += runs_lib.load_wandb_runs(args.wandb_project, args.wandb_group, args.wandb_entity)
     if not runs:
         raise cli.UsageError(
             f"no runs found in {' '.join(args.runs) or '(nothing given)'}: give run directories "
@@ -82,7 +83,7 @@ def _main(argv: list[str]) -> int:
         )
         print(f"wrote {path}")
     print(f"wrote {plots.plot_final_loss_vs_params(runs, out / 'final_loss_vs_params.png')}")
-    ctx_rows = plots.context_table(runs)
+    ctx_rows = runs_lib.context_table(runs)
     with (out / "context_table.csv").open("w", newline="") as f:
         fields = [
             "size",
@@ -100,13 +101,13 @@ def _main(argv: list[str]) -> int:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(ctx_rows)
-    table = plots.context_table_markdown(ctx_rows)
+    table = runs_lib.context_table_markdown(ctx_rows)
     (out / "context_table.md").write_text(
         "Final held-out loss per attention variant (rows) and context (columns); in parentheses "
         "the gap to the softmax baseline at that context.\n\n" + table
     )
     print(table)
-    rows = plots.final_loss_table(runs)
+    rows = runs_lib.final_loss_table(runs)
     lines = ["| run | size | context | attention | steps | hours | final loss |", "|---" * 7 + "|"]
     for r in rows:
         hours = f"{r['hours']:.1f}" if r["hours"] is not None else ""

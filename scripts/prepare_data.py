@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     from rich.console import Console
 
-    from linear_gpt2.config import load_config
-    from linear_gpt2.data import DEFAULT_SAMPLE_DIR, c4_files, ensure_sample
+    from linear_gpt2.training.config import load_config
+    from linear_gpt2.training.data import DEFAULT_SAMPLE_DIR, c4_files, ensure_sample
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -73,7 +73,7 @@ def _prepare(console, files: list[Path], split_dir: Path, split: str, num_proc: 
         TimeElapsedColumn,
     )
 
-    from linear_gpt2.data import prepare_split
+    from linear_gpt2.training.data import prepare_split
 
     totals = {"tokens": 0, "docs": 0, "no_text": 0, "empty_files": 0, "skipped": 0}
     t0 = time.perf_counter()

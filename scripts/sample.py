@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,14 +51,15 @@ def _main(argv: list[str]) -> int:
     if not args.temperature >= 0:  # also rejects nan
         raise cli.UsageError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
 
-    from linear_gpt2 import distributed
+    from linear_gpt2.training import distributed
 
     distributed.initialize()  # a missing device is one line, not a JAX traceback
     import jax.numpy as jnp
 
-    from linear_gpt2 import sampling, tokenizer
+    from linear_gpt2.model import sampling, tokenizer
+    from linear_gpt2.training import trained
 
-    params, model_cfg, cfg, step = sampling.load(args.path)
+    params, model_cfg, cfg, step = trained.load(args.path)
     ids = tokenizer.encode(args.prompt) or [tokenizer.EOT]
     ids, dropped = sampling.fit_prompt(ids, args.tokens, model_cfg.block_size)
     if dropped:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.point is not None:  # one process per node under srun: join before any JAX call
-        from linear_gpt2 import distributed
+        from linear_gpt2.training import distributed
 
         distributed.initialize()
-    from linear_gpt2 import sweep as sweep_lib
+    from linear_gpt2.experiments import sweep as sweep_lib
 
     sweep = sweep_lib.load_sweep(args.sweep, args.overrides)
     if args.dry_run:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2 import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,15 +24,15 @@ def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
-    from linear_gpt2.config import load_config  # no JAX: a bad config fails in a second
+    from linear_gpt2.training.config import load_config  # no JAX: a bad config fails in a second
 
     cfg = load_config(argv[0], argv[1:])
 
-    from linear_gpt2 import distributed
+    from linear_gpt2.training import distributed
 
     distributed.initialize()  # before any other JAX call
 
-    from linear_gpt2.trainer import train
+    from linear_gpt2.training.trainer import train
 
     result = train(cfg)
     print(

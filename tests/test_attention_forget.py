@@ -15,11 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2 import attention, interop
-from linear_gpt2.config import ConfigError, ModelConfig, load_config
-from linear_gpt2.data.packing import document_ids, split_window
-from linear_gpt2.model import document_starts, forward, init_params, loss_fn, retnet_gammas
-from linear_gpt2.tokenizer import EOT
+from linear_gpt2 import attention
+from linear_gpt2.model.gpt import document_starts
+from linear_gpt2.model import forward, init_params, loss_fn
+from linear_gpt2.model import interop
+from linear_gpt2.model.layers import retnet_gammas
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.tokenizer import EOT
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.config import load_config
+from linear_gpt2.training.data.packing import document_ids, split_window
 from tests.helpers import rel_err
 from tests.test_attention_linear import LINEAR, _phi
 
@@ -270,7 +275,7 @@ def test_gate_parameters_exist_only_with_decay_gate():
 
 
 def test_decay_needs_a_linear_attention():
-    with pytest.raises(ConfigError, match=r"attention.decay.*'softmax' has none"):
+    with pytest.raises(ConfigError, match=r"attention.decay.*'softmax' takes no decay gates"):
         load_config(None, ["attention.name=softmax", "attention.decay=gate"])
 
 

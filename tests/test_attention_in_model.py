@@ -8,8 +8,8 @@ import optax
 import pytest
 
 from linear_gpt2 import attention
-from linear_gpt2.config import ModelConfig
 from linear_gpt2.model import forward, init_params, loss_fn
+from linear_gpt2.model.config import ModelConfig
 from tests.helpers import rel_err
 
 BASE = dict(vocab_size=61, block_size=16, n_layer=2, n_head=2, n_embd=16, chunk_size=4)

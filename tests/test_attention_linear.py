@@ -7,6 +7,8 @@ errors, and the measured memory of ``LT_state_parallel``."""
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,12 +17,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from linear_gpt2 import attention
-from linear_gpt2.attention import linear, lt_attention_parallel
-from linear_gpt2.config import LINEAR_ATTENTIONS
-from linear_gpt2.memory import attention_temp_bytes
+from linear_gpt2.attention import linear
+from linear_gpt2.kernels.lt_attention_parallel import naive as parallel_naive
+from linear_gpt2.kernels.lt_chunked import naive as chunked_naive
+from linear_gpt2.platform.memory import attention_temp_bytes
 from tests.helpers import rel_err
 
-LINEAR = LINEAR_ATTENTIONS  # every linear formulation (config.py's list)
+LINEAR = [n for n in attention.names() if attention.spec(n).family == "linear"]
 FEATURE_MAPS = ("softplus", "elu1", "relu", "exp")
 EPS = 1e-6
 
@@ -230,7 +233,7 @@ def test_options_declared():
         "LT_chunked": {"feature_map", "chunk_size", "kernel", "eps"},
     }
     for name, opts in expected.items():
-        assert set(attention.options_of(name)) == opts, name
+        assert set(attention.spec(name).options) == opts, name
 
 
 def test_eps_is_added_to_the_denominator():
@@ -279,13 +282,14 @@ def test_bfloat16_sums_are_float32():
     # Each core returns the numerator and denominator before normalisation: both float32.
     x = jax.ShapeDtypeStruct((1, 8, 2, 4), jnp.bfloat16)
     for name, fn_name in CORES.items():
-        num, den = jax.eval_shape(getattr(attention.module(name), fn_name), x, x, x)
+        module = importlib.import_module(f"linear_gpt2.attention.{fn_name}")
+        num, den = jax.eval_shape(getattr(module, fn_name), x, x, x)
         assert num.dtype == den.dtype == jnp.float32, name
-    chunked = attention.module("LT_chunked").chunked_linear_attention
+    chunked = chunked_naive.chunked_linear_attention
     (num, den), (S, z) = jax.eval_shape(lambda a, b, c: chunked(a, b, c, 4), x, x, x)
     assert num.dtype == den.dtype == S.dtype == z.dtype == jnp.float32
     # The blocked variant's saved residuals (y, denominators) are float32 too.
-    _, res = jax.eval_shape(lambda a, b, c: lt_attention_parallel._fwd(a, b, c, 4, EPS), x, x, x)
+    _, res = jax.eval_shape(lambda a, b, c: parallel_naive._fwd(a, b, c, 4, EPS), x, x, x)
     assert res[3].dtype == res[4].dtype == jnp.float32
 
 
@@ -351,7 +355,7 @@ def test_decoder_bfloat16_state_is_float32():
 
 def test_every_linear_variant_has_the_shared_decoder():
     for name in LINEAR:
-        assert attention.module(name).make_decoder is linear.make_decoder, name
+        assert attention.spec(name).make_decoder is linear.make_decoder, name
         attention.decoder(name)  # accepts the variant's own options
 
 

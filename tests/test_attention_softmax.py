@@ -164,9 +164,9 @@ def test_cudnn_on_cpu_raises_clear_error():
 
 
 def test_flash_registry_contract():
-    assert attention.options_of("flash") == ("kernel",)
-    assert attention.supports_dropout("flash") is False
-    assert attention.supports_dropout("softmax") is True
+    assert attention.spec("flash").options == ("kernel",)
+    assert attention.spec("flash").dropout is False
+    assert attention.spec("softmax").dropout is True
     # ModelConfig passes every option; flash reads only ``kernel``.
     fn = attention.get("flash", kernel="xla", chunk_size=64, feature_map="relu", eps=1e-6)
     q, k, v, _ = _qkv(shape=(1, 8, 2, 8))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from linear_gpt2.checkpoint import MANIFEST, Checkpointer, IncompatibleCheckpointError
-from linear_gpt2.config import load_config
-from linear_gpt2.errors import CheckpointError
-from linear_gpt2.trainer import RunDirectoryInUseError, train
+from linear_gpt2.platform.errors import CheckpointError
+from linear_gpt2.training.checkpoint import MANIFEST, Checkpointer, IncompatibleCheckpointError
+from linear_gpt2.training.config import load_config
+from linear_gpt2.training.trainer import RunDirectoryInUseError, train
 
 ROOT = Path(__file__).resolve().parents[1]
 # lr_decay_steps fixed, so a run stopped at step 4 has the schedule of the run to step 6.

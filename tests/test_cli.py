@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from linear_gpt2 import cli, errors
+from linear_gpt2.platform import cli, errors
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -90,7 +90,7 @@ def test_config_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
 
 
 def _c4_dir(root: Path, train_bytes=None, docs: int = 300) -> Path:
-    from linear_gpt2.data.sample import document
+    from linear_gpt2.training.data.sample import document
 
     root.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", docs), ("validation", 20)):
@@ -177,7 +177,7 @@ def _fake_step(run_dir: Path, step: int, config: dict) -> None:
 
 
 def test_refused_reruns_change_nothing_and_say_what_works(tmp_path):
-    from linear_gpt2.config import load_config
+    from linear_gpt2.training.config import load_config
 
     run_dir = tmp_path / "run"
     cfg = load_config(ROOT / "configs" / "default.yaml", [*TINY, f"log.run_dir={run_dir}"])
@@ -222,11 +222,11 @@ def test_every_checkpoint_damaged_is_reported_and_moved_aside(tmp_path):
 def sample_run(tmp_path_factory) -> Path:
     """A run directory with one checkpoint of a tiny model (block_size 32), saved without
     training."""
-    from linear_gpt2 import checkpoint as ckpt_lib
-    from linear_gpt2.config import load_config
     from linear_gpt2.model import init_params
-    from linear_gpt2.optim import optimizer
-    from linear_gpt2.train_step import init_state
+    from linear_gpt2.training import checkpoint as ckpt_lib
+    from linear_gpt2.training.config import load_config
+    from linear_gpt2.training.optim import optimizer
+    from linear_gpt2.training.train_step import init_state
 
     run_dir = tmp_path_factory.mktemp("sample") / "run"
     cfg = load_config(None, [*TINY, f"log.run_dir={run_dir}", "checkpoint.async_save=false"])
@@ -273,7 +273,7 @@ def test_missing_kernel_plugin_and_missing_device(tmp_path):
         *TINY_CONFIG,
         "attention.name=LT_chunked",
         "attention.kernel=triton",
-        "attention.chunk_size=8",
+        "attention.chunk_size=16",
         f"log.run_dir={tmp_path / 'run'}",
     )
     assert_error(proc, 1, "kernel=triton", "pip install")
@@ -353,7 +353,7 @@ def test_entry_points_write_nothing_under_home(tmp_path):
 
 
 def test_env_defaults_keep_what_the_user_set(tmp_path, monkeypatch):
-    from linear_gpt2 import env
+    from linear_gpt2.platform import env
 
     monkeypatch.setenv("LINEAR_GPT2_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("MPLCONFIGDIR", "/my/matplotlib")

@@ -6,15 +6,9 @@ from pathlib import Path
 import pytest
 
 from linear_gpt2 import attention
-from linear_gpt2.config import (
-    Config,
-    ConfigError,
-    ModelConfig,
-    diff,
-    load_config,
-    main,
-    save_config,
-)
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.config import Config, diff, load_config, main, save_config
 
 
 def write(tmp_path, text, name="run.yaml"):
@@ -146,10 +140,10 @@ def test_model_config_is_flat_hashable_and_validated():
     m = ModelConfig(n_layer=2, n_head=2, n_embd=64, attention="softmax", chunk_size=16)
     assert hash(m) == hash(ModelConfig(n_layer=2, n_head=2, n_embd=64, chunk_size=16))
     assert m.head_dim == 32
-    assert set(m.attention_options()) == set(attention.ALL_OPTIONS)
+    assert set(m.attention_options()) == set(attention.options.SHARED)
     with pytest.raises(ConfigError, match="not divisible"):
         ModelConfig(n_embd=65, n_head=2)
-    with pytest.raises(ConfigError, match="valid values"):
+    with pytest.raises(ConfigError, match="valid names"):
         ModelConfig(attention="nope")
     with pytest.raises(dataclasses.FrozenInstanceError):
         m.n_layer = 3  # type: ignore[misc]
@@ -200,7 +194,7 @@ RUN_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p.parent.name != "
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: str(p.relative_to(CONFIG_DIR)))
 def test_shipped_configs_load_and_plan(path):
-    from linear_gpt2.trainer import plan_batches
+    from linear_gpt2.training.trainer import plan_batches
 
     cfg = load_config(path)
     devices = 8 if path.parent.name == "post" else 1

@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linear_gpt2.config import ConfigError, DataConfig
-from linear_gpt2.data import (
+from linear_gpt2.model.tokenizer import EOT, encode
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.config import DataConfig
+from linear_gpt2.training.data import (
     DataError,
     Packer,
     Prefetcher,
@@ -26,9 +28,8 @@ from linear_gpt2.data import (
     permute,
     prepare_split,
 )
-from linear_gpt2.data.sample import document, sample_digest
-from linear_gpt2.data.sources import iter_file, new_stats
-from linear_gpt2.tokenizer import EOT, encode
+from linear_gpt2.training.data.sample import document, sample_digest
+from linear_gpt2.training.data.sources import iter_file, new_stats
 
 # --------------------------------------------------------------------------------------------
 # Fixtures: tiny C4-format corpora
@@ -422,7 +423,7 @@ def test_to_global_on_a_mesh():
     import jax
     from jax.sharding import Mesh
 
-    from linear_gpt2.data import to_global
+    from linear_gpt2.training.data import to_global
 
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
     batch = next(make_loader(DataConfig(source="synthetic", context=8, prefetch=0), "train", 4))

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linear_gpt2.config import ConfigError, DataConfig, MQARConfig, load_config
-from linear_gpt2.data import make_loader, mqar, shakespeare
-from linear_gpt2.data.shards import TokenShards
-from linear_gpt2.errors import MissingDependencyError
-from linear_gpt2.tokenizer import EOT, gpt2
+from linear_gpt2.model.tokenizer import EOT, gpt2
+from linear_gpt2.platform.errors import ConfigError, MissingDependencyError
+from linear_gpt2.training.config import DataConfig, MQARConfig, load_config
+from linear_gpt2.training.data import make_loader, mqar, shakespeare
+from linear_gpt2.training.data.shards import TokenShards
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,13 +12,16 @@ import numpy as np
 import optax
 import pytest
 
-from linear_gpt2 import diagnostics as diag
-from linear_gpt2 import model as model_lib
-from linear_gpt2.config import ModelConfig, TrainConfig
-from linear_gpt2.model import diagnostics, document_starts, init_params
-from linear_gpt2.optim import optimizer
-from linear_gpt2.sharding import make_mesh
-from linear_gpt2.train_step import jit_train_step
+from linear_gpt2.model import gpt as model_lib
+from linear_gpt2.model import diagnostics, init_params
+from linear_gpt2.model.gpt import document_starts
+from linear_gpt2.model import layer_stats as diag
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.training.config import TrainConfig
+from linear_gpt2.training.optim import optimizer
+from linear_gpt2.training.sharding import make_mesh
+from linear_gpt2.training.spikes import SpikeCounter
+from linear_gpt2.training.train_step import jit_train_step
 
 
 def _ln(x, p):
@@ -150,12 +153,12 @@ def test_train_step_is_the_same_program_without_the_feature(kw, monkeypatch):
 
 
 def test_spike_counter():
-    c = diag.SpikeCounter(margin=0.5, window=4)
+    c = SpikeCounter(margin=0.5, window=4)
     losses = [5.0, 4.9, 4.8, 4.7, 4.6, 6.0, 6.1, 4.6, 4.5, 7.0, float("nan"), 4.4]
     flags = [c.update(i + 1, x) for i, x in enumerate(losses)]
     assert c.steps == [6, 10] and c.count == 2  # 6-7 are one spike; NaN is not counted
     assert flags[5] and not flags[6] and flags[9]
-    off = diag.SpikeCounter(margin=0.0, window=4)
+    off = SpikeCounter(margin=0.0, window=4)
     assert (
         not any(off.update(i, x) for i, x in enumerate([1.0, 1.0, 9.0, 9.0, 9.0])) and not off.steps
     )
@@ -168,10 +171,10 @@ def test_spike_in_a_fast_first_descent_is_counted():
     # missed it (the counter before the median baseline).
     descent = [10.8 - 3.95 * (i / 19) ** 2 for i in range(20)]  # slow in the lr warmup
     losses = [*descent, 10.42, 6.70, *(6.65 - 0.02 * i for i in range(10))]
-    c = diag.SpikeCounter(margin=0.5, window=50)
+    c = SpikeCounter(margin=0.5, window=50)
     flags = [c.update(i + 1, x) for i, x in enumerate(losses)]
     assert c.steps == [21] and flags[20], c.steps
-    mean_only = diag.SpikeCounter(margin=0.5, window=50)
+    mean_only = SpikeCounter(margin=0.5, window=50)
     for i, x in enumerate(losses[:20]):
         mean_only.update(i + 1, x)
     assert mean_only.mean + 0.5 > 10.42 > mean_only.baseline + 0.5
@@ -188,8 +191,8 @@ checkpoint: {resume: auto, every: 100, async_save: false}
 
 
 def test_learning_rate_jump_is_counted_as_a_spike_and_diagnostics_are_logged(tmp_path, monkeypatch):
-    from linear_gpt2 import trainer
-    from linear_gpt2.config import load_config
+    from linear_gpt2.training import trainer
+    from linear_gpt2.training.config import load_config
 
     jump = 9  # the update of step 9 (1-based) and later ones run at a learning rate 1000x larger
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from linear_gpt2 import attention, bench
-from linear_gpt2.memory import is_oom
+from linear_gpt2 import attention
+from linear_gpt2.experiments import frontier, provenance
+from linear_gpt2.experiments import step_time as bench
+from linear_gpt2.platform.memory import is_oom
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,8 +115,8 @@ def test_helpers():
     assert bench.chunk_candidates(96, (32, 64, 128)) == [32]
     assert bench.chunk_candidates(8, (16, 32)) == [8]
     assert is_oom(RuntimeError("RESOURCE_EXHAUSTED: foo")) and not is_oom(ValueError("shape"))
-    assert bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
-    from linear_gpt2.plots import loglog_slope
+    assert provenance.device_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+    from linear_gpt2.experiments.plots import loglog_slope
 
     assert loglog_slope([1, 2, 4, 8], [3, 12, 48, 192]) == pytest.approx(2.0)
 
@@ -132,13 +134,13 @@ def test_frontier_sweep_stops_at_the_first_misfit_and_resumes_without_losing_poi
     def fake_point(name, size, context, target, *, batch, dtype, start_rung):
         compiled.append((name, size, context, start_rung))
         fits = context <= {"flash": 4096, "softmax": 2048}[name]
-        return bench.FrontierPoint(
+        return frontier.FrontierPoint(
             attention=name, size=size, context=context, status="fits" if fits else "too_big",
             n_params=1, target=target, memory_bytes=context * 2**20,
             remat="dots" if context > 1024 else "none", loss_chunk=4096 if context > 1024 else 0,
         )  # fmt: skip
 
-    monkeypatch.setattr(bench, "frontier_point", fake_point)
+    monkeypatch.setattr(frontier, "frontier_point", fake_point)
     common = ["--target", "h100", "--no-plot", "--out", str(tmp_path), "--sizes", "124M"]
     ctx = ["--contexts", "1024", "2048", "4096", "8192", "16384"]
     assert script.main([*common, *ctx, "--attentions", "flash"]) == 0

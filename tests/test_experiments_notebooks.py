@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from linear_gpt2 import plots
+from linear_gpt2.experiments import runs as runs_lib
 from tests.test_experiments_bench import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
     script = load_script("plot_runs")
     out = tmp_path / "figs"
     assert script.main([str(FIXTURES / "context_runs"), "--out", str(out)]) == 0
-    size = plots.find_runs([FIXTURES / "context_runs"])[0].size
+    size = runs_lib.find_runs([FIXTURES / "context_runs"])[0].size
     for name in (f"final_loss_vs_context_{size}.png", f"curves_by_context_{size}.png"):
         assert (out / name).stat().st_size > 0
     table = (out / "context_table.md").read_text()
@@ -139,9 +139,9 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
 def test_one_model_swept_over_contexts_and_gates_is_one_size():
     """The size label ignores position embeddings and the gate's projection (nanoGPT's count):
     the CPU grid's model at 2048 positions is not a different model from the one at 128."""
-    base = plots.find_runs([FIXTURES / "context_runs"])[0].config
+    base = runs_lib.find_runs([FIXTURES / "context_runs"])[0].config
     runs = [
-        plots.Run(f"r{i}", {**base, **extra}, [], plots.count_params_of({**base, **extra}))
+        runs_lib.Run(f"r{i}", {**base, **extra}, [], runs_lib.count_params_of({**base, **extra}))
         for i, extra in enumerate(
             [
                 {"model.block_size": 128, "data.context": 128},
@@ -154,7 +154,7 @@ def test_one_model_swept_over_contexts_and_gates_is_one_size():
     assert len({r.size for r in runs}) == 1  # ... the label does not
     assert (
         runs[0].size
-        == f"{plots.count_params_of(runs[0].config, architecture_only=True) / 1e6:.1f}M"
+        == f"{runs_lib.count_params_of(runs[0].config, architecture_only=True) / 1e6:.1f}M"
     )
 
 
@@ -168,7 +168,7 @@ def test_plot_runs_script(tmp_path):
         "final_loss_vs_params.png",
     ):
         assert (out / name).stat().st_size > 0
-    runs = plots.find_runs([FIXTURES / "learning_runs"])
+    runs = runs_lib.find_runs([FIXTURES / "learning_runs"])
     assert len(runs) == 8 and {r.size for r in runs} == {"124M", "355M"}
     by = {(r.size, r.context, r.family): r for r in runs}
     # The fixtures decay towards the post's final losses (e.g. 124M, 1k: 3.207 vs 3.296).
@@ -179,7 +179,7 @@ def test_plot_runs_script(tmp_path):
 
 
 def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
-    from linear_gpt2 import mqar
+    from linear_gpt2.experiments import mqar
 
     rows = mqar.read_report(FIXTURES / "mqar_cpu.json")["rows"]
     meta = {"machine": "the 2-core CPU machine", "note": "test", "notes": ["one", "two"]}
@@ -202,7 +202,7 @@ def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
 
 
 def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path, capsys):
-    from linear_gpt2 import mqar
+    from linear_gpt2.experiments import mqar
 
     rows = mqar.read_report(FIXTURES / "mqar_cpu.json")["rows"]
     first = rows[0]
@@ -280,9 +280,9 @@ def test_mqar_report_counts_the_test_examples_the_evaluation_read(
 ):
     """The report's 'test examples' is what the trainer's evaluation read (log.eval_batches
     batches of one update's sequences from the validation loader), not the split's size."""
-    from linear_gpt2 import data as data_lib
-    from linear_gpt2 import mqar
-    from linear_gpt2.config import load_config
+    from linear_gpt2.experiments import mqar
+    from linear_gpt2.training import data as data_lib
+    from linear_gpt2.training.config import load_config
 
     overrides = [
         f"data.context={context}",
@@ -328,9 +328,9 @@ def test_mqar_probe_reads_the_library_model_and_measures_its_heads(tmp_path, cap
     import jax
     import numpy as np
 
-    from linear_gpt2.config import ModelConfig
-    from linear_gpt2.data.mqar import example
     from linear_gpt2.model import forward, init_params
+    from linear_gpt2.model.config import ModelConfig
+    from linear_gpt2.training.data.mqar import example
 
     probe = load_benchmark("mqar_probe")
     cfg = ModelConfig(

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from linear_gpt2 import sweep as sweep_lib
-from linear_gpt2.config import ConfigError
+from linear_gpt2.experiments import sweep as sweep_lib
+from linear_gpt2.platform.errors import ConfigError
 from tests.test_experiments_bench import load_script
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from linear_gpt2 import interop
-from linear_gpt2.config import ModelConfig
-from linear_gpt2.interop import (
+from linear_gpt2.model import interop
+from linear_gpt2.model import param_shapes
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.interop import (
     CheckpointError,
     MissingKeysError,
     ShapeMismatchError,
@@ -24,7 +25,6 @@ from linear_gpt2.interop import (
     to_hf,
     to_nanogpt,
 )
-from linear_gpt2.model import param_shapes
 
 V, T, L, C = 11, 5, 2, 8
 FROM = {"nanogpt": from_nanogpt, "hf": from_hf}

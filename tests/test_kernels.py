@@ -32,9 +32,9 @@ import pytest
 
 from linear_gpt2 import attention, kernels
 from linear_gpt2.attention import linear, lt_attention_parallel, lt_chunked
-from linear_gpt2.kernels import lt_attention_parallel as parallel_kernels
-from linear_gpt2.kernels import lt_chunked as chunked_kernels
+from linear_gpt2.kernels.lt_attention_parallel import blocked as parallel_kernels
 from linear_gpt2.kernels.lt_chunked import cost, naive, plan, triton_fused
+from linear_gpt2.kernels.lt_chunked import ops as chunked_kernels
 from tests.helpers import rel_err
 from tests.test_attention_linear import reference, reference_vjp
 

@@ -15,7 +15,9 @@ import pytest
 
 from linear_gpt2 import attention
 from linear_gpt2.attention import autotune
-from linear_gpt2.config import ConfigError, ModelConfig, load_config, load_config_from_dict
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.config import load_config, load_config_from_dict
 from tests.helpers import rel_err
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ for the H100).
 
 Against the float64 recurrence of tests/test_attention_forget.py (as a ``lax.scan``, jitted;
 values and the gradients with respect to q, k, v and the log-gates), and against the XLA oracle
-(``attention.lt_chunked.chunked_linear_attention`` with ``linear.Forget``) with an initial and
+(``kernels.lt_chunked.naive.chunked_linear_attention`` with ``kernels.forget.Forget``) with an initial and
 a final state. The cases put resets at a chunk's first and last position, several in one chunk,
 at position 0, none in a row (a document longer than the row); T odd (padded), D = 8 (padded),
 32, 64 and 128 (D = 128: 32-row tiles, two column blocks), c = 16 ... 128 (two row tiles per
@@ -29,7 +29,7 @@ import pytest
 
 from linear_gpt2 import attention
 from linear_gpt2.attention import linear, lt_chunked
-from linear_gpt2.kernels import lt_chunked as chunked_kernels
+from linear_gpt2.kernels.lt_chunked import ops as chunked_kernels
 from linear_gpt2.kernels.lt_chunked import plan
 from tests.helpers import rel_err
 from tests.test_attention_linear import _phi
@@ -241,7 +241,7 @@ def test_pallas_takes_forgetting_through_the_chunk_parallel_kernels():
 def test_gate_projection_keeps_bfloat16_inputs_and_float32_precision():
     """The model's c_gate (``decay: gate``) reads a bfloat16 block input without a float32 copy
     of it (the memory acceptance at 1M tokens) and still gives x W + b to ~16 bits of W."""
-    from linear_gpt2.model import GateProjection
+    from linear_gpt2.model.layers import GateProjection
 
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, 8, 32)), jnp.bfloat16)

@@ -10,11 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2 import memory_plan
-from linear_gpt2.config import ConfigError, ModelConfig, load_config
-from linear_gpt2.loss import cross_entropy, head_cross_entropy
-from linear_gpt2.memory import MemoryReport
 from linear_gpt2.model import init_params, loss_fn
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.loss import cross_entropy, head_cross_entropy
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.platform.memory import MemoryReport
+from linear_gpt2.training import memory_plan
+from linear_gpt2.training.config import load_config
 from tests.helpers import rel_err
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
@@ -129,10 +131,10 @@ def test_plan_without_a_memory_limit_compiles_nothing_and_keeps_todays_program()
 def test_default_cpu_step_is_the_program_compiled_before_the_options():
     """auto resolves to (loss_chunk 0, remat none) on CPU: the lowered step is identical to the
     explicit plain one, i.e. the default run's compiled step is unchanged."""
-    from linear_gpt2.config import TrainConfig
-    from linear_gpt2.optim import optimizer
-    from linear_gpt2.sharding import make_mesh
-    from linear_gpt2.train_step import jit_train_step
+    from linear_gpt2.training.config import TrainConfig
+    from linear_gpt2.training.optim import optimizer
+    from linear_gpt2.training.sharding import make_mesh
+    from linear_gpt2.training.train_step import jit_train_step
 
     tx, mesh = optimizer(TrainConfig()), make_mesh(jax.devices()[:1])
     assert (CFG.loss_chunk, CFG.remat) == ("auto", "auto")

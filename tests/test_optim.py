@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2.config import ModelConfig, TrainConfig
 from linear_gpt2.model import param_shapes
-from linear_gpt2.optim import decay_mask, lr_at, schedule
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.training.config import TrainConfig
+from linear_gpt2.training.optim import decay_mask, lr_at, schedule
 
 
 def nanogpt_get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):

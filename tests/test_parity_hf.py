@@ -15,9 +15,9 @@ import numpy as np
 import optax
 import pytest
 
-from linear_gpt2.config import ModelConfig
-from linear_gpt2.interop import UnexpectedKeysError, from_hf, load_params, to_hf
 from linear_gpt2.model import count_params, forward, loss_fn, param_shapes
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.interop import UnexpectedKeysError, from_hf, load_params, to_hf
 from tests.helpers import rel_err
 
 torch = pytest.importorskip("torch", reason="parity tests need torch (pip install -e '.[parity]')")

@@ -20,9 +20,9 @@ import numpy as np
 import optax
 import pytest
 
-from linear_gpt2.config import ModelConfig
-from linear_gpt2.interop import from_nanogpt, to_nanogpt
 from linear_gpt2.model import count_params, forward, loss_fn
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.interop import from_nanogpt, to_nanogpt
 from tests.helpers import rel_err
 
 SKIP_REASON = "set NANOGPT_DIR to a karpathy/nanoGPT checkout to run"

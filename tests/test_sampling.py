@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2 import sampling
-from linear_gpt2.config import ModelConfig
 from linear_gpt2.model import init_params
+from linear_gpt2.model import sampling
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.training import trained
 
 
 def spread_params(cfg: ModelConfig, std: float = 0.3, seed: int = 0):
@@ -93,10 +94,10 @@ def test_sampling_options():
 def test_load_from_run_and_checkpoint_dirs(tmp_path, capsys):
     """A checkpoint in the trainer's layout (written here without training) loads back from the
     run directory, the checkpoints directory and the step directory; scripts/sample.py runs."""
-    from linear_gpt2 import checkpoint as ckpt_lib
-    from linear_gpt2.config import load_config
-    from linear_gpt2.optim import optimizer
-    from linear_gpt2.train_step import init_state
+    from linear_gpt2.training import checkpoint as ckpt_lib
+    from linear_gpt2.training.config import load_config
+    from linear_gpt2.training.optim import optimizer
+    from linear_gpt2.training.train_step import init_state
     from tests.test_experiments_bench import load_script
 
     run = tmp_path / "run"
@@ -120,12 +121,12 @@ def test_load_from_run_and_checkpoint_dirs(tmp_path, capsys):
     saver.save(3, {"train": state, "rng": rng}, {"config": cfg.to_dict(), "step": 3}, {})
     saver.close()
     for path in (run, run / "checkpoints", run / "checkpoints" / "3"):
-        params, model_cfg, loaded_cfg, step = sampling.load(path)
+        params, model_cfg, loaded_cfg, step = trained.load(path)
         assert step == 3 and model_cfg == cfg.model_config
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(FileNotFoundError):
-        sampling.load(tmp_path / "missing")
+        trained.load(tmp_path / "missing")
 
     script = load_script("sample")
     assert script.main([str(run), "--prompt", "Hello", "--tokens", "4", "--temperature", "0"]) == 0

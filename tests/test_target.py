@@ -17,9 +17,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from linear_gpt2 import kernels, target
-from linear_gpt2.config import ModelConfig
-from linear_gpt2.memory import GiB
+from linear_gpt2 import kernels
+from linear_gpt2.experiments import compile_step
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform import device, target
+from linear_gpt2.platform.memory import GiB
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = target.get("h100")
@@ -60,9 +62,9 @@ def test_targets_describe_the_h100():
 def test_kernel_choice_follows_the_target_not_the_process_backend():
     assert jax.default_backend() == "cpu" and not kernels.on_gpu()
     with jax.sharding.use_abstract_mesh(target.mesh("h100").abstract_mesh):
-        assert target.platform() == "gpu" and kernels.on_gpu() and not kernels.interpret()
-        assert not kernels.gpu_present()  # compiling for a GPU is not having one (autotuning)
-    assert target.platform() == "cpu"
+        assert device.platform() == "gpu" and kernels.on_gpu() and not kernels.interpret()
+        assert not device.gpu_present()  # compiling for a GPU is not having one (autotuning)
+    assert device.platform() == "cpu"
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,7 +143,7 @@ def test_every_pallas_kernel_compiles_without_spills(kernel, D, c):
     else:
         name, options, prefix = "LT_chunked", dict(kernel=kernel), "lt_chunked_"
         expected = KERNEL_SETS[(kernel, D)]
-    r = target.compile_attention(
+    r = compile_step.compile_attention(
         name, (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True, chunk_size=c, **options
     )  # a spill or too much shared memory is a CompileError
     assert _names(r, prefix) == expected
@@ -157,7 +159,7 @@ def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D, 
     """Issue 14: with resets and decay gates ``kernel=pallas`` is the chunk-parallel design, its
     gradient kernels apart (dq, dk, dv: together they spill with the pair weights), forward and
     backward through the log-gates, without spills and within shared memory."""
-    r = target.compile_attention(
+    r = compile_step.compile_attention(
         "LT_chunked", (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True, chunk_size=c,
         kernel="pallas", resets=True, log_gate=True,
     )  # fmt: skip
@@ -172,7 +174,7 @@ def test_parallel_kernels_with_resets_and_gates_compile_without_spills(D, c):
     pair (the pair weights built per tile, d(log_gate) from the backward), no XLA fallback,
     without spills and within shared memory (compiled: forward 128 / 121 registers, backward
     255 / 174 at D = 64 / 128)."""
-    r = target.compile_attention(
+    r = compile_step.compile_attention(
         "LT_attention_parallel", (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True,
         chunk_size=c, kernel="pallas", resets=True, log_gate=True,
     )  # fmt: skip
@@ -185,7 +187,7 @@ def test_chunk_parallel_kernels_fill_the_h100_at_batch_1(T):
     """B = 1, H = 12, D = 64 (the post's timing setting): kernel=pallas picks the chunk-parallel
     kernels, and every one launches >= 132 programs: the output and gradient kernels by their
     row tiles, the state passes by splitting the sequence into segments."""
-    r = target.compile_attention(
+    r = compile_step.compile_attention(
         "LT_chunked", (1, T, 12, 64), "bfloat16", "h100", fail_on_spill=True, chunk_size=64,
         kernel="pallas",
     )  # fmt: skip
@@ -196,7 +198,9 @@ def test_chunk_parallel_kernels_fill_the_h100_at_batch_1(T):
 
 
 def test_flash_pallas_kernels_compile_for_the_h100():
-    r = target.compile_attention("flash", (1, 1024, 12, 64), "bfloat16", "h100", kernel="pallas")
+    r = compile_step.compile_attention(
+        "flash", (1, 1024, 12, 64), "bfloat16", "h100", kernel="pallas"
+    )
     assert {"mha_forward", "mha_backward"} <= {k.name for k in r.kernels}
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
@@ -239,7 +243,7 @@ def test_flash_with_document_resets_is_cudnn_packed_for_the_h100():
 @pytest.mark.parametrize("attention", ["flash", "LT_chunked"])
 def test_124M_step_at_64k_compiles_and_fits_the_h100(attention):
     cfg = ModelConfig.preset("124M", attention=attention, block_size=65536, dtype="bfloat16")
-    r = target.compile_train_step(cfg, "h100", batch=1)
+    r = compile_step.compile_train_step(cfg, "h100", batch=1)
     assert r.fits and r.compile.memory.total <= 72 * GiB, r.plan.describe()
     assert r.compile.memory.aliased > 0  # the state is donated: its buffers are reused
 
@@ -280,7 +284,7 @@ def test_command_reports_a_step_that_does_not_fit_with_the_largest_context(tmp_p
     ]  # fmt: skip
     cfg = ModelConfig(n_layer=1, n_embd=64, n_head=2, vocab_size=50304, dtype="bfloat16",
                       remat="none", loss_chunk=0, block_size=1024)  # fmt: skip
-    fits = target.compile_train_step(cfg, "h100").compile.memory.total
+    fits = compile_step.compile_train_step(cfg, "h100").compile.memory.total
     out = tmp_path / "report.json"
     r = _compile_cmd(
         "configs/default.yaml", *small, "model.block_size=2048", "data.context=2048",

@@ -1,6 +1,6 @@
 """The offline GPT-2 BPE gives tiktoken's gpt2 ids."""
 
-from linear_gpt2 import tokenizer
+from linear_gpt2.model import tokenizer
 
 KNOWN = "Hello world! The quick brown fox jumps over the lazy dog."
 KNOWN_IDS = [15496, 995, 0, 383, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]

@@ -16,11 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2.checkpoint import IncompatibleCheckpointError
-from linear_gpt2.config import ConfigError, DataConfig, ModelConfig, load_config
 from linear_gpt2.model import init_params
-from linear_gpt2.train_step import init_state, make_train_step
-from linear_gpt2.trainer import NonFiniteLossError, plan_batches, train
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.checkpoint import IncompatibleCheckpointError
+from linear_gpt2.training.config import DataConfig, load_config
+from linear_gpt2.training.train_step import init_state, make_train_step
+from linear_gpt2.training.trainer import NonFiniteLossError, plan_batches, train
 from tests.helpers import rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +41,7 @@ def setup(tmp_path_factory):
     """A tiny config file and the sample corpus, tokenized once for every run in this module."""
     root = tmp_path_factory.mktemp("trainer")
     sample = root / "sample"
-    from linear_gpt2.data import prepare_sample
+    from linear_gpt2.training.data import prepare_sample
 
     data_cfg = DataConfig(source="sample", path=str(sample), context=16)
     prepare_sample(data_cfg, "train")
@@ -236,8 +238,8 @@ def test_sigterm_then_resume_reproduces_the_uninterrupted_run(setup):
 
 def _poisoning_loader(monkeypatch, poison_batch: int):
     """Marks the ``poison_batch``-th training batch (0-based) and makes the loss NaN on it."""
-    import linear_gpt2.train_step as ts
-    from linear_gpt2 import data as data_lib
+    import linear_gpt2.training.train_step as ts
+    from linear_gpt2.training import data as data_lib
 
     poison = 50300  # a valid id of the padded vocabulary that the tokenizer never emits
     real_make, real_loss = data_lib.make_loader, ts.loss_fn
@@ -350,7 +352,7 @@ def test_batch_plan_holds_tokens_per_update_constant():
 
 
 def test_out_of_memory_names_the_sizes_and_the_fixes(setup, monkeypatch):
-    import linear_gpt2.train_step as train_step_mod
+    import linear_gpt2.training.train_step as train_step_mod
 
     def exhausted(*args, **kwargs):
         def step(*a):

@@ -29,6 +29,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from linear_gpt2 import kernels
+from linear_gpt2.attention import registry
+from linear_gpt2.attention.options import kwargs_for
+from linear_gpt2.platform import device
+
 DEFAULT_CANDIDATES = (16, 32, 64, 128, 256)
 PREFERRED = 64  # the heuristic choice (the post's chunk size for LT_chunked at D = 64)
 
@@ -111,9 +116,9 @@ def _write(path: Path, key: str, entry: dict[str, Any]) -> None:
 def time_chunk_size(name, shape, dtype, kernel, chunk_size, *, feature_map, eps, warmup, runs):
     """Median seconds of one forward+backward of attention ``name`` at ``shape`` (``[B, T, H,
     D]``), or None if it does not fit in memory."""
-    from linear_gpt2 import attention
-
-    fn = attention.get(name, feature_map=feature_map, chunk_size=chunk_size, kernel=kernel, eps=eps)
+    s = registry.spec(name)
+    options = dict(feature_map=feature_map, chunk_size=chunk_size, kernel=kernel, eps=eps)
+    fn = s.make(**kwargs_for(s, options))
 
     def step(q, k, v, dy):
         y, vjp = jax.vjp(fn, q, k, v)
@@ -123,9 +128,9 @@ def time_chunk_size(name, shape, dtype, kernel, chunk_size, *, feature_map, eps,
     # under that context a jitted function is evaluated op by op and a Pallas kernel traced with
     # the eval trace, which it cannot be on a GPU ("Evaluation rule for 'program_id' not
     # implemented"). Lowering is a fresh trace, so this also works inside a caller's jit trace.
-    spec = jax.ShapeDtypeStruct(shape, dtype)
+    x = jax.ShapeDtypeStruct(shape, dtype)
     try:
-        compiled = jax.jit(step).lower(spec, spec, spec, spec).compile()
+        compiled = jax.jit(step).lower(x, x, x, x).compile()
     except Exception as e:  # noqa: BLE001 - only out-of-memory is expected and skipped
         if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
             return None
@@ -171,8 +176,6 @@ def best_chunk_size(
     heuristic choice is returned uncached; True/False force it. Measured winners are cached in
     :func:`cache_path` (``cache_dir``) and reused.
     """
-    from linear_gpt2 import kernels
-
     if kernel == "auto":
         kernel = "pallas" if kernels.on_gpu() else "xla"
     T = int(shape[1])
@@ -196,7 +199,7 @@ def best_chunk_size(
         return cands[0]
     if measure is None:
         # Timing needs the device itself: compiling for a GPU target here measures nothing.
-        measure = kernels.gpu_present() or (kernel == "xla" and not kernels.on_gpu())
+        measure = device.gpu_present() or (kernel == "xla" and not kernels.on_gpu())
     if not measure:
         return _heuristic(cands)
 

@@ -24,7 +24,7 @@ Kernels (``make(kernel=...)``):
   head dims are padded to a power of two inside the kernel (keep D >= 16 for Triton's dots).
   JAX marks this module deprecated in favour of ``tokamax.dot_product_attention``; it is still the
   Pallas reference kernel in jax 0.11.2.
-- ``auto`` (default): ``cudnn`` on GPU (or compiling for one: ``linear_gpt2.target``), falling back to ``xla`` (with a warning) when cuDNN rejects
+- ``auto`` (default): ``cudnn`` on GPU (or compiling for one: ``linear_gpt2.platform.target``), falling back to ``xla`` (with a warning) when cuDNN rejects
   the dtype or shape at trace time (float32, head dim not a multiple of 8, ...); ``xla`` elsewhere.
 
 Document resets (``resets`` bool ``[B, T]``, ``attention.doc_reset``): no query attends across a
@@ -33,7 +33,7 @@ sequences (segment offsets and lengths per row, JAX's lower-level
 ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention``: ``jax.nn`` has no segment
 ids), causal within each; ``pallas`` takes them as the kernel's segment ids.
 
-Dropout: ``SUPPORTS_DROPOUT = False``. nanoGPT's flash path drops attention weights inside the
+Dropout: none (the spec's ``dropout`` is False). nanoGPT's flash path drops attention weights inside the
 kernel (``F.scaled_dot_product_attention(dropout_p=...)``); ``jax.nn.dot_product_attention`` (xla
 and cudnn) and the Pallas kernel have no dropout, so with ``dropout > 0`` the model applies
 nanoGPT's other three dropout sites (embeddings, attention output projection, MLP) and not this one.
@@ -51,12 +51,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from linear_gpt2.attention import Decoder
 from linear_gpt2.attention import softmax as _softmax
-from linear_gpt2.errors import DeviceError
-
-OPTIONS: tuple[str, ...] = ("kernel",)
-SUPPORTS_DROPOUT = False
+from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
+from linear_gpt2.platform.device import compiling_for_gpu
+from linear_gpt2.platform.errors import DeviceError
 
 KERNELS = ("auto", "xla", "pallas", "cudnn")
 
@@ -73,9 +71,7 @@ class KernelUnavailableError(DeviceError):
 
 def _on_gpu() -> bool:
     # The platform compiled for (a GPU compile target counts), not the default backend.
-    from linear_gpt2 import target
-
-    return target.compiling_for_gpu()
+    return compiling_for_gpu()
 
 
 def _scale(q: jax.Array) -> float:
@@ -108,6 +104,7 @@ def packed_segments(resets: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _cudnn_packed(q, k, v, resets):
+    # cuDNN attention's internals (packed documents): only when the kernel runs.
     from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
     offsets, lengths = packed_segments(resets)
@@ -121,7 +118,7 @@ def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array, resets=None) -> jax.Array:
     if not _on_gpu():
         raise KernelUnavailableError(
             f"flash attention kernel='cudnn' needs a CUDA GPU (or a GPU compile target, "
-            f"linear_gpt2.target), but this program is for {jax.default_backend()!r}; use "
+            f"linear_gpt2.platform.target), but this program is for {jax.default_backend()!r}; use "
             f"kernel=xla or kernel=pallas (interpret mode on CPU), or kernel=auto"
         )
     if q.dtype not in (jnp.bfloat16, jnp.float16):
@@ -250,3 +247,16 @@ def make_decoder(kernel: str = "auto") -> Decoder:
     is a short query block against the cache, which plain XLA handles)."""
     _check_kernel(kernel)
     return _softmax.make_decoder()
+
+
+SPEC = AttentionSpec(
+    name="flash",
+    family="softmax",
+    make=make,
+    flops=quadratic_flops,
+    options=("kernel",),
+    kernels=KERNELS,
+    make_decoder=make_decoder,
+    resets=True,
+    description="fused softmax: cuDNN on GPU, XLA, or JAX's Pallas flash kernel",
+)

@@ -22,32 +22,35 @@ Mixed precision (the same rule in every variant):
 
 The variants differ only in the order of the sums (see ``docs/attention.md``).
 
-Forgetting (``Forget``; the ``attention.doc_reset`` and ``attention.decay`` options). Every
-variant also takes, per call, what the state forgets between positions:
+Forgetting (``kernels.forget.Forget``; the ``attention.doc_reset`` and ``attention.decay``
+options): every variant also takes, per call, ``log_gate`` float32 ``[B, T, H]`` (the state
+decays by gamma_i, z too) and ``resets`` bool ``[B, T]`` (the state is dropped where a document
+starts). Every exponent is A_i - A_j <= 0 (masked before ``exp``), so nothing overflows; weights
+underflow to 0 where the decay is complete. The chunked form computes A within each chunk (and
+carries the chunk's total decay on the state), which keeps float32 exact at any length; the
+materialising forms use the sequence's cumulative sum.
 
-- ``log_gate`` float32 ``[B, T, H]``, log gamma_i <= 0: the recurrence becomes
-  S_i = gamma_i S_{i-1} + phi(k_i) v_i^T and z_i = gamma_i z_{i-1} + phi(k_i), i.e. the pair
-  (i, j <= i) is weighted by prod_{j < l <= i} gamma_l = exp(A_i - A_j) with A the cumulative
-  sum of log gamma;
-- ``resets`` bool ``[B, T]``, True where a document starts: the state before it is dropped, i.e.
-  the pair (i, j) counts only if no document starts in (j, i] (same segment).
-
-Resets are masks, not gamma = 0: a log-space -inf would make exp(A_i - A_j) = exp(-inf + inf) a
-NaN for two positions after the same reset. Every exponent is A_i - A_j <= 0 (masked before
-``exp``), so nothing overflows; weights underflow to 0 where the decay is complete. The chunked
-form computes A within each chunk (and carries the chunk's total decay on the state), which
-keeps float32 exact at any length; the materialising forms use the sequence's cumulative sum.
+The statistics diagnostics report for a linear layer (:func:`layer_stats`) and the recurrent
+decoder (:func:`make_decoder`) are shared by every linear variant: they compute the same function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from linear_gpt2.attention import Decoder
+from linear_gpt2 import kernels
+from linear_gpt2.attention.spec import AttentionSpec, Decoder
+from linear_gpt2.kernels import normalise
+from linear_gpt2.kernels.forget import Forget, as_forget, causal_mask, segment_ids
+from linear_gpt2.kernels.lt_chunked import FUSED
+from linear_gpt2.kernels.lt_chunked import NAMES as PALLAS_CHUNKED
+from linear_gpt2.kernels.lt_chunked.naive import chunked_linear_attention
+
+__all__ = ["Forget", "as_forget", "causal_mask", "normalise", "segment_ids"]
 
 F32 = jnp.float32
 
@@ -71,10 +74,6 @@ FEATURE_MAPS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "exp": jnp.exp,
 }
 
-# Implementations selected by ``kernel=``. The fused kernels (pallas, triton) are a later issue;
-# ``auto`` resolves to ``xla`` until then.
-XLA_KERNELS = ("auto", "xla")
-
 
 def check_feature_map(name: str) -> Callable[[jax.Array], jax.Array]:
     if name not in FEATURE_MAPS:
@@ -84,17 +83,6 @@ def check_feature_map(name: str) -> Callable[[jax.Array], jax.Array]:
     return FEATURE_MAPS[name]
 
 
-def check_kernel(kernel: str, variant: str, valid: tuple[str, ...] = XLA_KERNELS) -> str:
-    """The implementation to use for ``kernel`` (``auto`` -> ``xla``), or an error naming the
-    valid ones for ``variant``."""
-    if kernel not in valid:
-        raise NotImplementedError(
-            f"{variant}: kernel={kernel!r} is not implemented for this variant; valid kernels: "
-            f"{', '.join(valid)}"
-        )
-    return "xla" if kernel == "auto" else kernel
-
-
 def features(
     q: jax.Array, k: jax.Array, feature_map: str | Callable[[jax.Array], jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
@@ -102,11 +90,6 @@ def features(
     dtype). Any shape; elementwise."""
     phi = check_feature_map(feature_map) if isinstance(feature_map, str) else feature_map
     return phi(q.astype(F32)).astype(q.dtype), phi(k.astype(F32)).astype(k.dtype)
-
-
-def normalise(num: jax.Array, den: jax.Array, eps: float, dtype: Any) -> jax.Array:
-    """``num / (den + eps)`` in float32, cast to ``dtype``. num ``[..., D]``, den ``[...]``."""
-    return (num.astype(F32) / (den.astype(F32) + eps)[..., None]).astype(dtype)
 
 
 def attention_fn(
@@ -121,7 +104,7 @@ def attention_fn(
     (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or None), then
     ``num / (den + eps)``. Options are checked here, when the function is made."""
     phi = check_feature_map(feature_map)
-    check_kernel(kernel, variant)
+    kernels.check_kernel(kernel, variant)
 
     def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
         fq, fk = features(q, k, phi)
@@ -135,31 +118,16 @@ def attention_fn(
     return fn
 
 
-def causal_mask(T: int) -> jax.Array:
-    """``[T, T]`` bool, True where key j <= query i."""
-    return jnp.tril(jnp.ones((T, T), dtype=bool))
-
-
-class Forget(NamedTuple):
-    """What the linear state forgets between positions (see the module docstring).
-
-    ``log_gate`` float32 ``[B, T, H]`` (log gamma_i <= 0) or None (gamma = 1); ``resets`` bool
-    ``[B, T]`` (True where a document starts) or None."""
-
-    log_gate: jax.Array | None = None
-    resets: jax.Array | None = None
-
-
-def as_forget(log_gate=None, resets=None) -> Forget | None:
-    """A :class:`Forget`, or None when there is nothing to forget (the plain code paths)."""
-    if log_gate is None and resets is None:
-        return None
-    return Forget(None if log_gate is None else log_gate.astype(F32), resets)
-
-
-def segment_ids(resets: jax.Array) -> jax.Array:
-    """int32 ``[B, T]``: the number of document starts at or before each position."""
-    return jnp.cumsum(resets.astype(jnp.int32), axis=1)
+def spec(name: str, make: Callable[..., Any], flops: Callable[..., float], **fields: Any):
+    """The :class:`AttentionSpec` of a linear variant of this package: the linear family, the
+    shared recurrent decoder and statistics, resets and decay gates taken. ``fields`` override
+    or add (``options``, ``kernels``, ``check``, ...); ``options`` defaults to
+    ``(feature_map, kernel, eps)``."""
+    fields.setdefault("options", ("feature_map", "kernel", "eps"))
+    return AttentionSpec(
+        name=name, family="linear", make=make, flops=flops, make_decoder=make_decoder,
+        resets=True, decay=True, stats=layer_stats, **fields,
+    )  # fmt: skip
 
 
 def gammas(forget: Forget, shape: tuple[int, int, int]) -> jax.Array:
@@ -188,14 +156,28 @@ def pair_weights(forget: Forget, T: int, H: int) -> jax.Array:
 # Recurrent decoder, shared by all linear variants (they compute the same function).
 
 
+def state_step(state, fq: jax.Array, fk: jax.Array, v: jax.Array, gamma: jax.Array | None = None):
+    """One token of the recurrence. state ``(S [B, H, D, D], z [B, H, D])`` float32; fq = phi(q),
+    fk = phi(k), v ``[B, H, D]``; ``gamma`` float32 ``[B, H]`` scales the carry (None: 1).
+    Returns ``((num [B, H, D], den [B, H]), state)`` in float32.
+
+    The state is updated before it is read: position i attends to itself.
+    """
+    S, z = state
+    if gamma is not None:
+        S, z = gamma[..., None, None] * S, gamma[..., None] * z
+    S = S + jnp.einsum("bhd,bhe->bhde", fk, v, preferred_element_type=F32)
+    z = z + fk.astype(F32)
+    num = jnp.einsum("bhd,bhde->bhe", fq, S, preferred_element_type=F32)
+    den = jnp.einsum("bhd,bhd->bh", fq, z, preferred_element_type=F32)
+    return (num, den), (S, z)
+
+
 def _prefill_kernel(kernel: str, c: int) -> str | None:
     """The Pallas ``LT_chunked`` kernel a prefill uses, or None for the XLA chunked form: the
-    kernel named (``pallas``, ``pallas_chunk``, ``pallas_fused_chunk``), or ``pallas`` for
-    ``auto`` when compiling for a GPU, provided c is a valid block size."""
-    from linear_gpt2 import kernels
-
-    pallas = ("pallas", "pallas_chunk", "pallas_fused_chunk")
-    name = kernel if kernel in pallas else ("pallas" if kernel == "auto" else None)
+    kernel named (one of ``kernels.lt_chunked.NAMES``), or ``pallas`` for ``auto`` when
+    compiling for a GPU, provided c is a valid block size."""
+    name = kernel if kernel in PALLAS_CHUNKED else ("pallas" if kernel == "auto" else None)
     if name is None or (kernel == "auto" and not kernels.on_gpu()):
         return None
     return name if kernels.block_size_problem(c) is None else None
@@ -237,8 +219,6 @@ def make_decoder(
         return S, z
 
     def step(state, q, k, v, *, log_gate=None, reset=None):
-        from linear_gpt2.attention.lt_state import state_step
-
         fq, fk = features(q, k, phi)
         gamma = None
         forget = as_forget(
@@ -251,16 +231,15 @@ def make_decoder(
         return normalise(num, den, eps, q.dtype), state
 
     def prefill(state, q, k, v, *, log_gate=None, resets=None):
-        from linear_gpt2.attention.lt_chunked import chunked_linear_attention
-
         T = q.shape[1]
         fq, fk = features(q, k, phi)
         fused = _prefill_kernel(kernel, chunk_size)
         forgets = log_gate is not None or resets is not None
-        if fused is not None and not (forgets and fused == "pallas_fused_chunk"):
-            from linear_gpt2.kernels import lt_chunked as lt_chunked_kernels
+        if fused is not None and not (forgets and fused == FUSED):
+            # The Pallas kernels are imported when they run: the XLA path never imports Pallas.
+            from linear_gpt2.kernels.lt_chunked import ops
 
-            y, state = lt_chunked_kernels.chunked_attention(
+            y, state = ops.chunked_attention(
                 fq, fk, v.astype(q.dtype), chunk_size, eps, initial_state=state,
                 return_final_state=True, kernel=fused, log_gate=log_gate, resets=resets,
             )  # fmt: skip
@@ -282,4 +261,30 @@ def make_decoder(
         (num, den), state = chunked_linear_attention(fq, fk, v, c, state=state, forget=forget)
         return normalise(num[:, :T], den[:, :T], eps, q.dtype), state
 
-    return Decoder(init=init, step=step, prefill=prefill)
+    return Decoder(init=init, step=step, prefill=prefill, kind="recurrent state")
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnostics of a linear layer (``log.diagnostics``), shared by every linear variant
+
+
+def _divisor(T: int, limit: int = 64) -> int:
+    return max(d for d in range(1, min(T, limit) + 1) if T % d == 0)
+
+
+def layer_stats(q, k, v, y, resets=None, log_gate=None, options: Mapping[str, Any] = {}):
+    """float32 scalars of one layer (q, k, v, y ``[B, T, H, D]`` as the attention got and gave
+    them): ``den_min``, ``den_mean``, the normaliser phi(q_i) . z_i before ``eps`` (min and mean
+    over rows, positions and heads; near 0 it blows the output and its gradient up), and
+    ``state_norm``, the Frobenius norm of the state at the end of the row (of its last document
+    with resets), mean over rows and heads. Recomputed with the chunked form, which every linear
+    variant equals, so it holds for kernels that never materialise either."""
+    del y
+    fq, fk = features(q, k, options.get("feature_map", "softplus"))
+    forget = as_forget(log_gate, resets)
+    (_, den), (S, _) = chunked_linear_attention(fq, fk, v, _divisor(q.shape[1]), forget=forget)
+    return {
+        "den_min": den.min(),
+        "den_mean": den.mean(),
+        "state_norm": jnp.sqrt(jnp.sum(jnp.square(S), axis=(-2, -1))).mean(),
+    }

@@ -17,15 +17,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_gpt2.attention import linear
-
-OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
+from linear_gpt2.attention.spec import quadratic_flops
 
 F32 = jnp.float32
 
 
 def lt_attention(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32), a loop over query
-    positions. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``linear.Forget``
+    positions. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``kernels.forget.Forget``
     (query i weights key j by exp(A_i - A_j) within its document)."""
     B, T, H, _ = fq.shape
     positions = jnp.arange(T)
@@ -60,4 +59,6 @@ def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6)
     return linear.attention_fn("LT_attention", lt_attention, feature_map, kernel, eps)
 
 
-make_decoder = linear.make_decoder
+SPEC = linear.spec(
+    "LT_attention", make, quadratic_flops, description="the attention form, one query at a time"
+)

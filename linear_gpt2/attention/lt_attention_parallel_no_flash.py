@@ -14,8 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2.attention import linear
-
-OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
+from linear_gpt2.attention.spec import quadratic_flops
 
 F32 = jnp.float32
 
@@ -25,7 +24,7 @@ def lt_attention_parallel_no_flash(
 ) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) with the ``[B, H, T, T]``
     score matrix materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` (see
-    ``linear.Forget``) multiplies the scores by the pair weights exp(A_i - A_j) (same document)."""
+    ``kernels.forget.Forget``) multiplies the scores by the pair weights exp(A_i - A_j) (same document)."""
     T, H = fq.shape[1], fq.shape[2]
     # The [T, T] scores are a matmul operand: kept in the input dtype (bfloat16 in training, as
     # torch autocast keeps them), accumulated in float32 inside the matmul and in the row sums.
@@ -46,4 +45,9 @@ def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6)
     )
 
 
-make_decoder = linear.make_decoder
+SPEC = linear.spec(
+    "LT_attention_parallel_no_flash",
+    make,
+    quadratic_flops,
+    description="the attention form as matmuls, the T x T scores materialised",
+)

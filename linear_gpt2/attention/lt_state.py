@@ -3,7 +3,7 @@
     S_i = S_{i-1} + phi(k_i) v_i^T     z_i = z_{i-1} + phi(k_i)     (S_0 = 0, z_0 = 0)
     y_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)
 
-With forgetting (``linear.Forget``) the carry is first multiplied by gamma_i (0 where a document
+With forgetting (``kernels.forget.Forget``) the carry is first multiplied by gamma_i (0 where a document
 starts): the recurrence that defines the function.
 
 O(T D^2) FLOPs in T sequential steps (``lax.scan``); the forward keeps one state ``[D, D]`` per
@@ -18,32 +18,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_gpt2.attention import linear
-
-OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "eps")
+from linear_gpt2.attention.linear import state_step
+from linear_gpt2.attention.spec import state_flops
 
 F32 = jnp.float32
 
 
-def state_step(state, fq: jax.Array, fk: jax.Array, v: jax.Array, gamma: jax.Array | None = None):
-    """One token of the recurrence. state ``(S [B, H, D, D], z [B, H, D])`` float32; fq = phi(q),
-    fk = phi(k), v ``[B, H, D]``; ``gamma`` float32 ``[B, H]`` scales the carry (None: 1).
-    Returns ``((num [B, H, D], den [B, H]), state)`` in float32.
-
-    The state is updated before it is read: position i attends to itself.
-    """
-    S, z = state
-    if gamma is not None:
-        S, z = gamma[..., None, None] * S, gamma[..., None] * z
-    S = S + jnp.einsum("bhd,bhe->bhde", fk, v, preferred_element_type=F32)
-    z = z + fk.astype(F32)
-    num = jnp.einsum("bhd,bhde->bhe", fq, S, preferred_element_type=F32)
-    den = jnp.einsum("bhd,bhd->bh", fq, z, preferred_element_type=F32)
-    return (num, den), (S, z)
-
-
 def lt_state(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) by the recurrence.
-    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``linear.Forget``."""
+    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``kernels.forget.Forget``."""
     B, T, H, D = fq.shape
     state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
 
@@ -63,4 +46,6 @@ def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6)
     return linear.attention_fn("LT_state", lt_state, feature_map, kernel, eps)
 
 
-make_decoder = linear.make_decoder
+SPEC = linear.spec(
+    "LT_state", make, state_flops, description="the recurrence, one token at a time (lax.scan)"
+)

@@ -8,7 +8,7 @@ O(T D^2) FLOPs, parallel over T (depth O(log T) for the prefix sum). ``scan`` pi
 sum: ``cumsum`` (``jnp.cumsum``, which XLA lowers as it sees fit) or ``associative``
 (``lax.associative_scan`` with ``+``, the explicit up/down-sweep).
 
-With forgetting (``linear.Forget``) the states obey S_i = gamma_i S_{i-1} + P_i: a first-order
+With forgetting (``kernels.forget.Forget``) the states obey S_i = gamma_i S_{i-1} + P_i: a first-order
 linear recurrence, computed by ``lax.associative_scan`` over the pairs (gamma, P) with
 (g1, P1) . (g2, P2) = (g1 g2, g2 P1 + P2) (a reset is gamma = 0: a segmented scan); the
 ``scan`` option then only affects the plain form (a cumulative sum cannot carry the decays).
@@ -30,9 +30,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_gpt2.attention import linear
-
-OPTIONS: tuple[str, ...] = ("feature_map", "kernel", "scan", "eps")
-SCANS = ("cumsum", "associative")
+from linear_gpt2.attention.options import SCANS
+from linear_gpt2.attention.spec import state_flops
 
 F32 = jnp.float32
 
@@ -65,7 +64,7 @@ def lt_state_parallel(
 ) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) with all T states
     ``[B, T, H, D, D]`` materialised. fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``;
-    ``forget`` see ``linear.Forget``."""
+    ``forget`` see ``kernels.forget.Forget``."""
     P = jnp.einsum("bthd,bthe->bthde", fk, v, preferred_element_type=F32)
     if forget is None:
         S = prefix_sum(P, axis=1, scan=scan)
@@ -89,4 +88,10 @@ def make(
     return linear.attention_fn("LT_state_parallel", algorithm, feature_map, kernel, eps)
 
 
-make_decoder = linear.make_decoder
+SPEC = linear.spec(
+    "LT_state_parallel",
+    make,
+    state_flops,
+    options=("feature_map", "kernel", "scan", "eps"),
+    description="every state at once by a parallel prefix sum",
+)

@@ -15,10 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from linear_gpt2.attention import Decoder
-
-OPTIONS: tuple[str, ...] = ()
-SUPPORTS_DROPOUT = True
+from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
 
 
 def _masked_softmax_attention(
@@ -176,4 +173,16 @@ def make_decoder() -> Decoder:
     cannot (inside ``jit``); see :func:`_check_room`. ``step`` / ``prefill`` take ``reset`` /
     ``resets`` (documents start there, ``attention.doc_reset``).
     """
-    return Decoder(init=_kv_init, step=_kv_step, prefill=_kv_prefill)
+    return Decoder(init=_kv_init, step=_kv_step, prefill=_kv_prefill, kind="KV cache")
+
+
+SPEC = AttentionSpec(
+    name="softmax",
+    family="softmax",
+    make=make,
+    flops=quadratic_flops,
+    make_decoder=make_decoder,
+    resets=True,
+    dropout=True,
+    description="causal softmax, the T x T scores materialised (plain XLA)",
+)

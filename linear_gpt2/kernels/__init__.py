@@ -1,7 +1,7 @@
 """Fused kernels for the linear-attention family (Pallas, Triton).
 
-Every kernel here implements the interface of
-``linear_gpt2.attention.lt_attention_parallel.blocked_linear_attention``:
+Every kernel here implements the interface of its op's oracle (``<op>/naive.py``), e.g.
+``lt_attention_parallel.naive.blocked_linear_attention``:
 
     kernel(fq, fk, v, c, eps) -> y
 
@@ -14,8 +14,9 @@ with the projection that produces q and k, and its gradient is then plain autodi
 one write and one read of phi(q), phi(k) (4 T D bytes per head in bfloat16) per pass; not done.
 
 One folder per op (imported lazily by the attention variants, so ``kernel=xla`` never imports
-Pallas), each with its pure-JAX oracle beside the kernels, as flash-linear-attention's
-``fla/ops/<op>/``:
+Pallas), each with its pure-JAX oracle beside the kernels (``naive.py``: the XLA path the
+attention variants run with ``kernel=xla``, and what every kernel is tested against), as
+flash-linear-attention's ``fla/ops/<op>/``:
 
 - :mod:`.lt_chunked`: ``LT_chunked``: the chunk-parallel kernels (state pass, outputs, reverse
   state pass, gradients), the single-pass kernels, the cost model that chooses between them, and
@@ -30,13 +31,15 @@ padding.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 
-from linear_gpt2.errors import DeviceError
+from linear_gpt2.platform.device import compiling_for_gpu
+from linear_gpt2.platform.errors import DeviceError
 
 F32 = jnp.float32
 
@@ -50,15 +53,8 @@ class KernelUnavailableError(DeviceError):
 
 def on_gpu() -> bool:
     """Whether the program being traced is for a GPU: the process's GPU, or a GPU compile target
-    (``linear_gpt2.target``: the H100 compiled for on a machine without one)."""
-    from linear_gpt2 import target
-
-    return target.compiling_for_gpu()
-
-
-def gpu_present() -> bool:
-    """Whether a GPU can run things here (timing, autotuning); compiling for one needs none."""
-    return jax.default_backend() == "gpu"
+    (``linear_gpt2.platform.target``: the H100 compiled for on a machine without one)."""
+    return compiling_for_gpu()
 
 
 def interpret() -> bool:
@@ -143,6 +139,22 @@ def log_gate_cotangent(dL: jax.Array) -> jax.Array:
     return jax.lax.cumsum(dL, axis=1, reverse=True)
 
 
+def check_kernel(kernel: str, variant: str, valid: tuple[str, ...] = ("auto", "xla")) -> str:
+    """The implementation to use for ``kernel`` (``auto`` -> ``xla``), or an error naming the
+    valid ones for ``variant``."""
+    if kernel not in valid:
+        raise NotImplementedError(
+            f"{variant}: kernel={kernel!r} is not implemented for this variant; valid kernels: "
+            f"{', '.join(valid)}"
+        )
+    return "xla" if kernel == "auto" else kernel
+
+
+def normalise(num: jax.Array, den: jax.Array, eps: float, dtype) -> jax.Array:
+    """``num / (den + eps)`` in float32, cast to ``dtype``. num ``[..., D]``, den ``[...]``."""
+    return (num.astype(F32) / (den.astype(F32) + eps)[..., None]).astype(dtype)
+
+
 def reciprocal(den: jax.Array, eps: float) -> jax.Array:
     """``1 / (den + eps)``, 0 where that is 1/0 (only all-zero features with eps = 0: then the
     numerator is 0 too and y = 0, as in the XLA path, instead of NaN). Usable inside kernels."""
@@ -164,11 +176,7 @@ def resolve_kernel(
     the chunk size and head dim suit the kernels (a power of two >= 16, or ``auto``; D <= 128),
     ``xla`` otherwise (with a warning on a GPU); other values are checked against ``valid`` and
     returned as they are."""
-    import warnings
-
-    from linear_gpt2.attention import linear
-
-    linear.check_kernel(kernel, variant, valid)
+    check_kernel(kernel, variant, valid)
     if kernel != "auto":
         return kernel
     if not on_gpu():
@@ -211,8 +219,6 @@ def forget_fallback(kernel: str, name: str, variant: str) -> str:
     """The implementation when resets / decay gates are on and the fused kernel ``name`` does
     not take them: ``kernel=auto`` falls back to xla (with a warning), an explicit fused kernel
     is an error naming the alternatives."""
-    import warnings
-
     if kernel != "auto":
         raise NotImplementedError(
             f"{variant}: kernel={name!r} does not support attention.doc_reset / attention.decay "

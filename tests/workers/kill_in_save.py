@@ -23,8 +23,8 @@ def main() -> None:
 
     async_path.rename = rename
 
-    from linear_gpt2.config import load_config
-    from linear_gpt2.trainer import train
+    from linear_gpt2.training.config import load_config
+    from linear_gpt2.training.trainer import train
 
     train(load_config(config, overrides))
     raise SystemExit("the process was not killed")

@@ -10,15 +10,15 @@ import sys
 
 def main() -> None:
     out, config, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
-    from linear_gpt2 import distributed
+    from linear_gpt2.training import distributed
 
     distributed.initialize()
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from linear_gpt2.config import load_config
-    from linear_gpt2.trainer import train
+    from linear_gpt2.training.config import load_config
+    from linear_gpt2.training.trainer import train
 
     result = train(load_config(config, overrides))
     params = multihost_utils.process_allgather(result.state.params, tiled=True)

@@ -3,19 +3,13 @@
 ================  =====================================================================
 module            kernel (grid)
 ================  =====================================================================
-``naive``         the pure-JAX oracle (``attention.lt_attention_parallel``)
+``naive``         the pure-JAX oracle, the XLA path (``kernel=xla``), with its backward
 ``blocked``       forward (T/c, B, H): one query block per program, a loop over key blocks;
                   backward (T/c, B, H): key block j's dphi(k), dv and query block j's dphi(q)
 ================  =====================================================================
 
-Interface: :func:`blocked_attention` ``(phi(q), phi(k), v, c, eps) -> y``, differentiable; with
-document resets and decay gates :func:`blocked_forget_attention`
-``(phi(q), phi(k), v, L, seg, c, eps) -> y``, differentiable in L too.
+Interface: ``blocked.blocked_attention`` ``(phi(q), phi(k), v, c, eps) -> y``, differentiable;
+with document resets and decay gates ``blocked.blocked_forget_attention``
+``(phi(q), phi(k), v, log_gate, seg, c, eps) -> y``, differentiable in the log-gates too. This
+``__init__`` imports nothing: the oracle never imports Pallas.
 """
-
-from linear_gpt2.kernels.lt_attention_parallel.blocked import (
-    blocked_attention,
-    blocked_forget_attention,
-)
-
-__all__ = ["blocked_attention", "blocked_forget_attention"]

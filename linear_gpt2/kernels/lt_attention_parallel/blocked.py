@@ -3,7 +3,7 @@ elsewhere): tiles of c queries x c keys, running numerator and denominator, no T
 Here c is the kernel's block, ``tile(c, D)``: the block size asked for, at most 64 rows (32 at
 D = 128), so that the [c, c] and [c, D] tiles compile without spills on the H100.
 
-Same function as :func:`linear_gpt2.attention.lt_attention_parallel.blocked_linear_attention`
+Same function as :func:`linear_gpt2.kernels.lt_attention_parallel.naive.blocked_linear_attention`
 (the oracle; with forgetting ``blocked_forget_attention`` there). Forward, grid (T/c, B, H), one program per query block n:
 
     num, den = 0, 0                                      float32 [c, D], [c]
@@ -75,7 +75,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from linear_gpt2 import kernels
-from linear_gpt2.kernels.lt_chunked import tiles
+from linear_gpt2.kernels.lt_chunked import plan, tiles
 
 F32 = jnp.float32
 
@@ -241,6 +241,7 @@ def _bwd_kernel(*refs, c: int, n_blocks: int, eps: float, forget: bool):
 
 
 def _compiler_params(Dp: int, backward: bool = False):
+    # Pallas's Triton backend: imported when a kernel is built.
     from jax.experimental.pallas import triton as plgpu
 
     warps = 8 if backward else kernels.num_warps(Dp)
@@ -252,8 +253,6 @@ def tile(c: int, Dp: int) -> int:
     of the ``LT_chunked`` kernels (``lt_chunked.plan.tile``); with 128-row blocks the backward
     spills (D = 64) or needs more shared memory than the H100 has (D = 128). A larger block size
     only changes how far T is padded."""
-    from linear_gpt2.kernels.lt_chunked import plan
-
     return plan.tile(c, Dp)
 
 

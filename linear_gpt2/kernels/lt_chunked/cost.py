@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from linear_gpt2.kernels.lt_chunked import CHUNK, FUSED
 from linear_gpt2.kernels.lt_chunked import plan as plan_lib
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 tensor-core FLOP/s
@@ -232,13 +233,12 @@ class Choice:
 def choose(B: int, T: int, H: int, D: int, c: int, s: int) -> Choice:
     """The design ``kernel=pallas`` runs at ``[B, T, H, D]`` (T a multiple of c, D padded) with
     s bytes per element: the one with the lower modelled forward + backward time."""
-    from linear_gpt2.kernels import lt_chunked
+    # fused_chunk holds Pallas kernels: imported when the choice is made, not with the model.
+    from linear_gpt2.kernels.lt_chunked import fused_chunk
 
     chunk = design_seconds(chunk_kernels(B, T, H, D, s, plan_lib.blocks(B, T, H, D, c), True))
-    fused = design_seconds(
-        fused_kernels(B, T, H, D, s, lt_chunked.fused_chunk.blocks(B, T, H, D, c), True)
-    )
-    seconds = {lt_chunked.CHUNK: chunk, lt_chunked.FUSED: fused}
+    fused = design_seconds(fused_kernels(B, T, H, D, s, fused_chunk.blocks(B, T, H, D, c), True))
+    seconds = {CHUNK: chunk, FUSED: fused}
     kernel = min(seconds, key=seconds.get)
     reason = (
         f"modelled fwd+bwd {chunk * 1e6:.1f} us chunk-parallel vs {fused * 1e6:.1f} us single "

@@ -137,6 +137,7 @@ _STAGES = {k: 2 for k in _WARPS}
 
 
 def compiler_params(kernel: str, D: int, blocks: Blocks):
+    # Pallas's Triton backend: imported when a kernel is built, not with the block plan.
     from jax.experimental.pallas import triton as plgpu
 
     del blocks

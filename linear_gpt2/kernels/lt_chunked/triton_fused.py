@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
+from linear_gpt2.platform import device
 
 F32 = jnp.float32
 
@@ -39,7 +40,7 @@ def unavailable_reason() -> str | None:
             f"kernel=triton needs jax-triton and triton ({_IMPORT_ERROR}); install them with "
             f"`pip install .[triton]` on a machine with a CUDA GPU, or use kernel=pallas|xla"
         )
-    if not kernels.gpu_present():
+    if not device.gpu_present():
         return (
             f"kernel=triton needs a CUDA GPU (Triton kernels cannot run on the "
             f"{jax.default_backend()!r} backend); use kernel=pallas (interpret mode off-GPU) "

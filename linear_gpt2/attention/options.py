@@ -1,0 +1,149 @@
+"""The ``attention`` section of a config: the variant's name and its options, and their checks.
+
+The shared options (:class:`AttentionOptions`) are one schema for every variant, so that a sweep
+can change the attention and keep the rest of its config; each variant reads the ones its spec
+lists (``AttentionSpec.options``). Options of a variant's own (``AttentionSpec.extra_options``)
+are set like the shared ones, ``attention.<name>=value``, and are kept in ``extra``.
+
+:func:`validate` is the one check of a name with its options, for the YAML section and for the
+model's flat config alike: every failure names the key and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from linear_gpt2.attention import registry
+from linear_gpt2.attention.linear import FEATURE_MAPS
+from linear_gpt2.platform.errors import ConfigError, check, check_choice
+
+SCANS = ("cumsum", "associative")
+# What the linear state forgets (attention.decay): none; fixed (RetNet's per-head gamma_h); gate
+# (gamma_i = sigmoid(w_h . x_i + b_h), a learned projection per head).
+DECAYS = ("none", "fixed", "gate")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOptions:
+    """Options shared by the attention variants; each variant reads only those its spec lists."""
+
+    # Positive feature map phi applied to q and k by the linear variants.
+    feature_map: str = "softplus"
+    # Chunk size c of LT_chunked (and block size of the blocked LT_attention_parallel): an int,
+    # or "auto" (measured per shape and device at trace time, cached; attention/autotune.py).
+    chunk_size: int | str = 64
+    # Implementation: xla (pure JAX), or one of the variant's fused kernels (its spec's
+    # ``kernels``); auto: the fused kernel when compiling for a GPU, xla elsewhere.
+    kernel: str = "auto"
+    # LT_state_parallel's prefix sum: jnp.cumsum or lax.associative_scan.
+    scan: str = "cumsum"
+    # Added to the linear-attention normaliser sum_j phi(q_i).phi(k_j) before dividing.
+    eps: float = 1e-6
+    # Restart at every document start (after each EOT of the packed rows): the linear state and
+    # normaliser are zeroed there, softmax / flash do not attend across documents. Off: the
+    # post's setting (packed documents see each other).
+    doc_reset: bool = False
+    # Decay of the linear state, S_i = gamma_i S_{i-1} + phi(k_i) v_i^T (DECAYS above).
+    decay: str = "none"
+
+
+SHARED = tuple(f.name for f in dataclasses.fields(AttentionOptions))
+
+
+def _check_chunk_size(value: Any, key: str) -> None:
+    # OmegaConf types the field int | str: YAML/CLI "64" arrives as int 64, "auto" as a string.
+    ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    check(ok, key, f"must be an int >= 1 or 'auto', got {value!r}")
+
+
+def validate(
+    name: str,
+    options: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+    prefix: str = "attention.",
+) -> None:
+    """Check attention ``name`` with the shared ``options`` (all of :data:`SHARED`) and its own
+    ``extra`` options; raise :class:`ConfigError` naming the key (``prefix`` + option)."""
+    extra = dict(extra or {})
+    name_key = f"{prefix}name" if prefix == "attention." else "attention"
+    try:
+        spec = registry.spec(name)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"{name_key}: {e}") from None
+    check_choice(options["feature_map"], f"{prefix}feature_map", list(FEATURE_MAPS))
+    check_choice(options["scan"], f"{prefix}scan", SCANS)
+    _check_chunk_size(options["chunk_size"], f"{prefix}chunk_size")
+    check(options["eps"] >= 0.0, f"{prefix}eps", f"must be >= 0, got {options['eps']}")
+    check_choice(options["decay"], f"{prefix}decay", DECAYS)
+    if "kernel" in spec.options:
+        check_choice(options["kernel"], f"{prefix}kernel", spec.kernels)
+    else:  # not read here, but a sweep may carry it to a variant that does: catch typos now
+        check_choice(options["kernel"], f"{prefix}kernel", registry.all_kernels())
+    takes = registry.names_where(lambda s: s.decay)
+    check(
+        options["decay"] == "none" or spec.decay,
+        f"{prefix}decay",
+        f"decay={options['decay']!r} needs a state to decay, and {name!r} takes no decay gates. "
+        f"Use one of {', '.join(takes)}, or decay=none",
+    )
+    check(
+        not options["doc_reset"] or spec.resets,
+        f"{prefix}doc_reset",
+        f"{name!r} takes no document resets; use one of "
+        f"{', '.join(registry.names_where(lambda s: s.resets))}, or doc_reset=false",
+    )
+    unknown = sorted(set(extra) - set(spec.extra_options))
+    if unknown:
+        own = ", ".join(spec.extra_options) or "none"
+        close = difflib.get_close_matches(unknown[0], [*SHARED, *spec.extra_options], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown attention option for {name!r}{hint}; its own "
+            f"options: {own}; shared options: {', '.join(SHARED)}"
+        )
+    if spec.check is not None:
+        try:
+            spec.check(kwargs_for(spec, {**options, **extra}))
+        except ValueError as e:
+            raise ConfigError(f"{prefix}{_first_option(e, spec)}: {e}") from None
+
+
+def validate_context(
+    name: str, context: int, options: Mapping[str, Any], prefix: str = "attention."
+) -> None:
+    """Raise :class:`ConfigError` if attention ``name`` with ``options`` (shared and own) cannot
+    run sequences of ``context`` tokens (``AttentionSpec.context_problem``)."""
+    spec = registry.spec(name)
+    if spec.context_problem is None:
+        return
+    problem = spec.context_problem(context, kwargs_for(spec, options))
+    if problem:
+        raise ConfigError(f"{prefix}{_first_option(problem, spec)}: {problem}")
+
+
+def _first_option(err: ValueError | str, spec) -> str:
+    """The option a spec's check complains about: the first of its options its message names."""
+    text = str(err)
+    for option in spec.all_options:
+        if option in text:
+            return option
+    return "name"
+
+
+def kwargs_for(spec, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``spec.make`` receives from ``options`` (shared and own mixed): the shared options
+    it reads (configs carry all of them; None values dropped) and its own; an option no one
+    knows is a ``TypeError``."""
+    unknown = sorted(set(options) - set(SHARED) - set(spec.extra_options))
+    if unknown:
+        raise TypeError(
+            f"unknown attention option(s) {unknown} for {spec.name!r}; shared options: "
+            f"{', '.join(SHARED)}; its own: {', '.join(spec.extra_options) or 'none'}"
+        )
+    out = {k: v for k, v in options.items() if k in spec.options and v is not None}
+    return {**out, **{k: v for k, v in options.items() if k in spec.extra_options}}

@@ -1,0 +1,262 @@
+"""The training step and single attentions compiled for a GPU target (no GPU needed).
+
+What ``scripts/compile.py``, the memory frontier and the compile tests ask for: the trainer's own
+step (``training.train_step.jit_train_step``) or one attention's forward / backward, compiled by
+:func:`linear_gpt2.platform.target.compile_program` for a target's devices, with ``model.remat``
+/ ``model.loss_chunk`` ``auto`` resolved by ``training.memory_plan`` against the target's budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2 import attention
+from linear_gpt2.platform.target import (
+    DEFAULT,
+    CompileReport,
+    Target,
+    compile_program,
+    devices,
+    get,
+    replicated,
+)
+from linear_gpt2.training import memory_plan
+from linear_gpt2.training.batches import plan_batches
+from linear_gpt2.training.config import TrainConfig
+from linear_gpt2.training.optim import optimizer
+from linear_gpt2.training.sharding import make_mesh
+from linear_gpt2.training.train_step import jit_train_step
+
+
+def mesh(target: str | Target = DEFAULT):
+    """The trainer's mesh over the target's (compile-only) devices."""
+    return make_mesh(list(devices(get(target).name)))
+
+
+def compile_attention(
+    name: str,
+    shape: tuple[int, int, int, int],
+    dtype: Any = "bfloat16",
+    target: str | Target = DEFAULT,
+    *,
+    backward: bool = True,
+    kernels: bool = True,
+    fail_on_spill: bool = False,
+    resets: bool = False,
+    log_gate: bool = False,
+    **options: Any,
+) -> CompileReport:
+    """Compile attention ``name`` alone at q, k, v ``shape`` = ``[B, T, H, D]``: forward, or
+    forward + backward (a VJP with a cotangent), for ``target``. ``resets`` / ``log_gate``:
+    with forgetting (issue 14), document starts bool ``[B, T]`` and log-gates float32
+    ``[B, T, H]`` as further inputs (the backward differentiates the log-gates too)."""
+    fn = attention.get(name, **options)
+    rep = replicated(target)
+    x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rep)
+    B, T, H, _ = shape
+    extra: tuple[Any, ...] = ()
+    if resets:
+        extra += (jax.ShapeDtypeStruct((B, T), jnp.bool_, sharding=rep),)
+    if log_gate:
+        extra += (jax.ShapeDtypeStruct((B, T, H), jnp.float32, sharding=rep),)
+
+    def call(q, k, v, *forget):
+        kw = {}
+        if resets:
+            kw["resets"] = forget[0]
+        if log_gate:
+            kw["log_gate"] = forget[-1]
+        return fn(q, k, v, **kw)
+
+    if backward:
+
+        def f(q, k, v, dy, *forget):
+            r, g = (forget[:1], forget[1:]) if resets else ((), forget)
+            y, vjp = jax.vjp(lambda q, k, v, *g: call(q, k, v, *r, *g), q, k, v, *g)
+            return y, vjp(dy)
+
+        args: tuple[Any, ...] = (x, x, x, x, *extra)
+    else:
+        f, args = call, (x, x, x, *extra)
+    opts = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+    what = f"{name} {'forward+backward' if backward else 'forward'} {list(shape)} {dtype}" + (
+        f" ({opts})" if opts else ""
+    )
+    if resets or log_gate:
+        what += " with " + " and ".join(
+            w for w, on in (("resets", resets), ("log-gates", log_gate)) if on
+        )
+    out = compile_program(
+        jax.jit(f), args, target, kernels=kernels, fail_on_spill=fail_on_spill, what=what
+    )
+    assert isinstance(out, CompileReport)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The training step
+
+
+@dataclasses.dataclass
+class StepReport:
+    """A training step compiled for a target, with ``auto`` memory settings resolved."""
+
+    config: Any  # the resolved ModelConfig
+    compile: CompileReport
+    plan: Any  # memory_plan.Plan
+    accum: int
+    batch: int  # global sequences per micro-step
+    context: int
+
+    @property
+    def fits(self) -> bool:
+        return self.plan.fits
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.compile.as_dict(),
+            "fits": self.fits,
+            "remat": self.config.remat,
+            "loss_chunk": self.config.loss_chunk,
+            "attention": self.config.attention,
+            "kernel": self.config.kernel,
+            "accum": self.accum,
+            "batch": self.batch,
+            "context": self.context,
+            "tried": [(name, m.total) for name, m in self.plan.tried],
+        }
+
+
+def compile_train_step(
+    cfg: Any,
+    target: str | Target = DEFAULT,
+    *,
+    batch: int = 1,
+    accum: int = 1,
+    context: int | None = None,
+    fsdp: bool = False,
+    kernels: bool = False,
+    fail_on_spill: bool = False,
+    budget_bytes: int | None = None,
+    start_rung: int = 0,
+) -> StepReport:
+    """Compile the trainer's step (``train_step.jit_train_step``: clip + AdamW, state donated)
+    for ``cfg`` (a ``ModelConfig``) on ``target``: ``accum`` micro-steps of ``batch`` sequences
+    (global, split over the target's devices) of ``context`` tokens (default ``block_size``).
+    ``remat`` / ``loss_chunk`` ``auto`` are resolved by ``memory_plan.plan`` against the target's
+    budget (or ``budget_bytes``); the report is that of the chosen setting."""
+    t = get(target)
+    budget = t.budget_bytes if budget_bytes is None else budget_bytes
+    tx = optimizer(TrainConfig())
+    reports: dict[Any, CompileReport] = {}
+
+    def compile_candidate(c):
+        program = jit_train_step(
+            c, tx, mesh(t), accum=accum, batch=batch, context=context, fsdp=fsdp
+        )
+        what = f"{c.attention} step, {c.n_layer}L {c.n_embd}C, context {context or c.block_size}"
+        report = compile_program(
+            program.step,
+            program.args,
+            t,
+            kernels=kernels,
+            fail_on_spill=fail_on_spill,
+            what=f"{what} ({memory_plan.label(c)})",
+        )
+        assert isinstance(report, CompileReport)
+        reports[c] = report
+        return report.memory, None
+
+    chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung)
+    if chosen.config not in reports:  # fully explicit settings: plan() compiled nothing
+        compile_candidate(chosen.config)
+        mem = reports[chosen.config].memory
+        chosen = dataclasses.replace(
+            chosen, fits=mem.total <= budget, budget=budget, memory=mem,
+            tried=[(memory_plan.label(chosen.config), mem)],
+        )  # fmt: skip
+    return StepReport(
+        chosen.config,
+        reports[chosen.config],
+        chosen,
+        accum,
+        batch,
+        context or cfg.block_size,
+    )
+
+
+def with_context(cfg: Any, context: int) -> Any:
+    """``cfg`` at another context: ``block_size`` (hence the position table) follows it."""
+    return cfg.replace(block_size=context)
+
+
+def largest_context(
+    cfg: Any,
+    target: str | Target = DEFAULT,
+    *,
+    batch: int = 1,
+    lo: int = 1024,
+    hi: int = 2**21,
+    budget_bytes: int | None = None,
+    on_report: Callable[[int, StepReport], None] | None = None,
+) -> tuple[int | None, dict[int, StepReport]]:
+    """The largest power-of-two context in [lo, hi] whose step fits (memory settings as in
+    ``cfg``, ``auto`` resolved), by bisection over the exponents (fitting is monotone in the
+    context). Returns it (None if even ``lo`` does not fit) and the reports compiled."""
+    reports: dict[int, StepReport] = {}
+
+    def fits(T: int) -> bool:
+        r = compile_train_step(with_context(cfg, T), target, batch=batch, budget_bytes=budget_bytes)
+        reports[T] = r
+        if on_report:
+            on_report(T, r)
+        return r.fits
+
+    a, b = int(math.log2(lo)), int(math.log2(hi))
+    if not fits(2**a):
+        return None, reports
+    best = a
+    while a < b:  # invariant: 2**best fits; everything above 2**b is unknown or does not fit
+        mid = (best + b + 1) // 2
+        if fits(2**mid):
+            best, a = mid, mid
+        else:
+            b = mid - 1
+    return 2**best, reports
+
+
+def compile_config(
+    cfg: Any,
+    target: str | Target = DEFAULT,
+    *,
+    batch: int | None = None,
+    kernels: bool = False,
+    fail_on_spill: bool = False,
+    budget_bytes: int | None = None,
+) -> StepReport:
+    """Compile the step a run config (``config.Config``) trains with on ``target``'s devices:
+    ``train.tokens_per_update`` split into micro-batches over the devices as the trainer does
+    (``trainer.plan_batches``), or with ``batch`` one micro-step of that many sequences."""
+    t = get(target)
+    if batch is not None:
+        accum, global_batch = 1, batch
+    else:
+        bp = plan_batches(cfg, t.n_devices, 1)
+        accum, global_batch = bp.accum, bp.micro_batch * bp.devices
+    return compile_train_step(
+        cfg.model_config,
+        t,
+        batch=global_batch,
+        accum=accum,
+        context=cfg.data.context,
+        fsdp=cfg.train.fsdp,
+        kernels=kernels,
+        fail_on_spill=fail_on_spill,
+        budget_bytes=budget_bytes,
+    )

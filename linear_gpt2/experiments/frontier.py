@@ -1,0 +1,224 @@
+"""The memory frontier, compiled for a target (no device run): per attention x size, the largest
+power-of-two context whose training step fits the target's budget with the cheapest memory
+setting (``scripts/bench_step.py --target h100``; ``make frontier``)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from linear_gpt2.experiments import compile_step
+from linear_gpt2.experiments.provenance import json_default
+from linear_gpt2.experiments.step_time import SIZES, model_config, short_error
+from linear_gpt2.model.api import count_params, param_shapes
+from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform.target import CompileError
+from linear_gpt2.training import memory_plan
+
+# The post's largest context per attention and size (published-figures.md: the last context
+# timed before OOM on one H100 80 GB; for 355M and 774M only flash and LT_chunked were run to
+# their limit, and 1.6B's table stops at 64k).
+POST_FRONTIER: dict[str, dict[str, int]] = {
+    "124M": {
+        "LT_attention": 32768,
+        "LT_attention_parallel_no_flash": 32768,
+        "LT_attention_parallel": 524288,
+        "LT_state": 65536,
+        "LT_state_parallel": 131072,
+        "softmax": 16384,
+        "flash": 524288,
+        "LT_chunked": 524288,
+    },
+    "355M": {"flash": 262144, "LT_chunked": 262144},
+    "774M": {"flash": 131072, "LT_chunked": 131072},
+    "1.6B": {"flash": 65536, "LT_chunked": 65536},
+}
+
+
+@dataclasses.dataclass
+class FrontierPoint:
+    """One (attention, size, context) compiled for a target. ``status``: ``fits`` (with the
+    cheapest memory setting that fits: ``remat``, ``loss_chunk``), ``too_big`` (not even the
+    most frugal setting fits; larger contexts are not tried), or ``error``."""
+
+    attention: str
+    size: str
+    context: int
+    status: str
+    n_params: int
+    target: str
+    memory_bytes: int | None = None  # the chosen (or, if too big, the most frugal) setting
+    remat: str | None = None
+    loss_chunk: int | None = None
+    tried: list[list[Any]] = dataclasses.field(default_factory=list)  # [label, bytes]
+    compile_seconds: float | None = None
+    error: str | None = None
+
+
+def frontier_point(
+    attention: str,
+    size: str,
+    context: int,
+    target: str,
+    *,
+    batch: int = 1,
+    dtype: str = "bfloat16",
+    start_rung: int = 0,
+) -> FrontierPoint:
+    """Compile one setting's training step for ``target`` with ``auto`` memory settings."""
+    cfg = model_config(size, attention, context, dtype=dtype)
+    n_params = count_params(param_shapes(cfg), non_embedding=False)
+    point = FrontierPoint(attention, size, context, "fits", n_params, target)
+    t0 = time.perf_counter()
+    try:
+        r = compile_step.compile_train_step(cfg, target, batch=batch, start_rung=start_rung)
+    except CompileError as e:
+        point.status, point.error = "error", short_error(e)
+        return point
+    point.compile_seconds = time.perf_counter() - t0
+    point.memory_bytes = r.compile.memory.total
+    point.remat, point.loss_chunk = r.config.remat, r.config.loss_chunk
+    point.tried = [[name, m.total] for name, m in r.plan.tried]
+    if not r.fits:
+        point.status = "too_big"
+    return point
+
+
+def run_frontier(
+    attentions: Iterable[str],
+    sizes: Iterable[str],
+    target: str,
+    contexts: Sequence[int],
+    *,
+    batch: int = 1,
+    dtype: str = "bfloat16",
+    done: Iterable[FrontierPoint] = (),
+    on_result: Callable[[FrontierPoint], None] | None = None,
+) -> list[FrontierPoint]:
+    """Every attention x size over increasing ``contexts`` until the step no longer fits the
+    target with any memory setting. Points in ``done`` (an earlier, interrupted sweep) are kept
+    and not compiled again."""
+    known = {(p.attention, p.size, p.context): p for p in done}
+    results: list[FrontierPoint] = []
+    for size in sizes:
+        for name in attentions:
+            rung = 0
+            for context in sorted(contexts):
+                p = known.get((name, size, context))
+                if p is None:
+                    p = frontier_point(
+                        name, size, context, target, batch=batch, dtype=dtype, start_rung=rung
+                    )
+                    if on_result is not None:
+                        on_result(p)
+                results.append(p)
+                if p.status != "fits":
+                    break
+                # Fitting needs no less at a longer context: start the next one at this rung.
+                rung = memory_plan.rung(
+                    ModelConfig(loss_chunk=p.loss_chunk or 0, remat=p.remat or "none")
+                )
+    return results
+
+
+def frontier_limits(points: Iterable[FrontierPoint]) -> dict[str, dict[str, int | None]]:
+    """``{attention: {size: largest context that fits (None: not even the smallest)}}``."""
+    out: dict[str, dict[str, int | None]] = {}
+    for p in points:
+        entry = out.setdefault(p.attention, {})
+        entry.setdefault(p.size, None)
+        if p.status == "fits":
+            entry[p.size] = max(entry[p.size] or 0, p.context)
+    return out
+
+
+FRONTIER_FIELDS = [
+    "attention", "size", "n_params", "context", "status", "memory_bytes", "remat", "loss_chunk",
+    "tried", "compile_seconds", "error", "target", "git_commit", "jax_version",
+]  # fmt: skip
+
+
+def write_frontier(
+    points: Sequence[FrontierPoint], out_dir: str | Path, stem: str, meta: dict[str, Any]
+) -> tuple[Path, Path, Path]:
+    """``stem.csv``, ``stem.json`` (``meta``, ``points``, ``limits``, the post's frontier) and
+    ``stem.md`` (the largest context per attention x size beside the post's)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = meta.get("environment", {})
+    csv_path, json_path, md_path = (out / f"{stem}.{ext}" for ext in ("csv", "json", "md"))
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FRONTIER_FIELDS)
+        w.writeheader()
+        for p in points:
+            row = dataclasses.asdict(p)
+            row["tried"] = ";".join(f"{n}:{b}" for n, b in p.tried)
+            row.update(git_commit=env.get("git_commit"), jax_version=env.get("jax_version"))
+            w.writerow({k: row.get(k) for k in FRONTIER_FIELDS})
+    limits = frontier_limits(points)
+    payload = {
+        "meta": meta,
+        "points": [dataclasses.asdict(p) for p in points],
+        "limits": limits,
+        "post_frontier": POST_FRONTIER,
+    }
+    json_path.write_text(json.dumps(payload, indent=1, default=json_default) + "\n")
+    md_path.write_text(frontier_markdown(points, meta))
+    return csv_path, json_path, md_path
+
+
+def _ctx(n: int | None) -> str:
+    if not n:
+        return "-"
+    return f"{n // 2**20}M" if n >= 2**20 and n % 2**20 == 0 else f"{n // 1024}k"
+
+
+def frontier_markdown(points: Sequence[FrontierPoint], meta: dict[str, Any]) -> str:
+    """The frontier table: largest context that fits per attention x size, ours vs the post's,
+    with the memory and setting at our largest."""
+    limits = frontier_limits(points)
+    by_key = {(p.attention, p.size, p.context): p for p in points}
+    sizes = [s for s in SIZES if any(p.size == s for p in points)]
+    env = meta.get("environment", {})
+    budget = meta.get("settings", {}).get("budget_gib")
+    lines = [
+        f"# Memory frontier on {meta.get('settings', {}).get('target', '?')}: largest context "
+        "whose training step fits",
+        "",
+        f"Measured by compiling for the target on a machine without a GPU (XLA's GPU compiler, "
+        f"deviceless; no step was run): batch 1, bf16, AdamW, the trainer's step, memory "
+        f"settings `auto` (the cheapest that fits {budget} GiB per device). jax "
+        f"{env.get('jax_version')}, commit {env.get('git_commit')}, {env.get('time_utc')}.",
+        "Each cell: our largest power-of-two context (memory there, setting) / the post's.",
+        "",
+        "| attention | " + " | ".join(sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for name in sorted(limits, key=lambda n: list(POST_FRONTIER["124M"]).index(n)
+                       if n in POST_FRONTIER["124M"] else 99):  # fmt: skip
+        cells = []
+        for size in sizes:
+            ours = limits[name].get(size)
+            post = POST_FRONTIER.get(size, {}).get(name)
+            p = by_key.get((name, size, ours)) if ours else None
+            where = (
+                f" ({p.memory_bytes / 2**30:.1f} GiB, {p.remat}"
+                + (f", loss chunk {p.loss_chunk}" if p.loss_chunk else "")
+                + ")"
+                if p and p.memory_bytes
+                else ""
+            )
+            cells.append(f"{_ctx(ours)}{where} / {_ctx(post)}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def read_frontier(path: str | Path) -> list[FrontierPoint]:
+    """The points of a :func:`write_frontier` JSON file (to resume a sweep)."""
+    data = json.loads(Path(path).read_text())
+    return [FrontierPoint(**p) for p in data["points"]]

@@ -1,0 +1,75 @@
+"""Where a result was obtained: device, versions, commit, host and time, for every results file.
+
+:func:`environment` is what each benchmark writes into its raw file's ``meta``; the renderers of
+the reports (``experiments.reports``) read it back, so a table never loses where its numbers
+came from.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def git_commit() -> str | None:
+    """The repository's HEAD commit, with ``+dirty`` when the work tree has changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except Exception:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Where the numbers were measured: device, versions, commit, host."""
+    dev = jax.devices()[0]
+    return {
+        "device_kind": getattr(dev, "device_kind", str(dev)),
+        "platform": dev.platform,
+        "device_count": jax.device_count(),
+        "jax_version": jax.__version__,
+        "jaxlib_version": _dist_version("jaxlib"),
+        "python": sys.version.split()[0],
+        "git_commit": git_commit(),
+        "host": platform.node(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def device_slug(kind: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``nvidia_h100_80gb_hbm3``: a file-name-safe device name."""
+    return "".join(c if c.isalnum() else "_" for c in kind.lower()).strip("_") or "device"
+
+
+def json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,299 @@
+"""Training runs as records: a run directory's (or a wandb run's) config and per-step metrics,
+and the tables of the learning study built from them (final loss against context and size).
+
+A run's family (``softmax``, ``linear``) comes from its attention's spec; a run of a variant
+whose package is not installed here is ``other``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from linear_gpt2 import attention as attention_registry
+from linear_gpt2.experiments.axes import context_label
+from linear_gpt2.model.api import count_params, param_shapes
+from linear_gpt2.model.config import PRESETS, ModelConfig
+
+
+@dataclasses.dataclass
+class Run:
+    """One training run: its name, resolved config as dotted keys, and its per-step records
+    (the ``metrics.jsonl`` lines: ``step``, ``loss``, ``hours``, optional ``val_loss``)."""
+
+    name: str
+    config: dict[str, Any]
+    records: list[dict[str, Any]]
+    n_params: int | None = None
+
+    @property
+    def attention(self) -> str:
+        return str(self.config.get("attention.name", "?"))
+
+    @property
+    def family(self) -> str:
+        """The attention's family from its spec: ``softmax``, ``linear``, or ``other`` (a variant
+        whose package is not installed here)."""
+        return attention_registry.family(self.attention, default="other")
+
+    @property
+    def context(self) -> int:
+        return int(self.config.get("data.context", 0))
+
+    @property
+    def variant(self) -> str:
+        """The attention and what it forgets: ``flash``, ``LT_chunked``, ``LT_chunked+reset``,
+        ``LT_chunked+gate`` (``+fixed`` for RetNet's decay; a non-default feature map is added
+        as ``/elu1``; ``+conv3`` for a short convolution)."""
+        name = self.attention
+        fmap = self.config.get("attention.feature_map", "softplus")
+        if self.family == "linear" and fmap not in (None, "softplus"):
+            name += f"/{fmap}"
+        if self.config.get("attention.doc_reset"):
+            name += "+reset"
+        if self.config.get("attention.decay") not in (None, "none"):
+            name += f"+{self.config['attention.decay']}"
+        if self.config.get("model.short_conv"):
+            name += f"+conv{self.config['model.short_conv']}"
+        return name
+
+    @property
+    def is_baseline(self) -> bool:
+        """Softmax attention without resets: what the post compares linear attention with."""
+        return self.family == "softmax" and not self.config.get("attention.doc_reset")
+
+    def final_val_loss(self) -> float | None:
+        """The held-out loss of the last evaluation (the trainer evaluates at the last step)."""
+        _, val = self.series("step", "val_loss")
+        return float(val[-1]) if val.size else None
+
+    @property
+    def size(self) -> str:
+        """``124M``-style label from the architecture: a preset's name, else the parameters of
+        the model without its position embeddings and without a gate's projection (nanoGPT's
+        count), so that one model swept over contexts and attentions is one size (the CPU
+        grid's model has 3.43M parameters in all at context 128 and 3.55M at 2048, which the
+        full count labelled 3M and 4M; without position embeddings it is 3.4M at both)."""
+        dims = {k: self.config.get(f"model.{k}") for k in ("n_layer", "n_head", "n_embd")}
+        for name, preset in PRESETS.items():
+            if preset == dims:
+                return name
+        n = count_params_of(self.config, architecture_only=True)
+        if not n:
+            return "custom"
+        return f"{n / 1e6:.1f}M" if n < 1e7 else f"{n / 1e6:.0f}M"
+
+    def series(self, x: str = "step", y: str = "loss") -> tuple[np.ndarray, np.ndarray]:
+        pts = [
+            (r[x], r[y])
+            for r in self.records
+            if isinstance(r.get(x), (int, float)) and _finite(r.get(y)) and not r.get("skipped")
+        ]
+        if not pts:
+            return np.zeros(0), np.zeros(0)
+        a = np.asarray(pts, dtype=float)
+        return a[:, 0], a[:, 1]
+
+    def final_loss(self, frac: float = 0.02) -> float | None:
+        """Mean training loss over the last ``frac`` of the logged steps (at least one): the
+        post's "final loss", less noisy than the very last step."""
+        _, loss = self.series("step", "loss")
+        if loss.size == 0:
+            return None
+        n = max(1, int(round(loss.size * frac)))
+        return float(loss[-n:].mean())
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def count_params_of(config: dict[str, Any], architecture_only: bool = False) -> int | None:
+    """Parameters of the model a flat config describes, by shapes only: all of them (embeddings
+    and a gate's projection included), or with ``architecture_only`` those of the plain model
+    without position embeddings (what stays fixed across a context and attention sweep)."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    values = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("model.")}
+    if not architecture_only and config.get("attention.decay") not in (None, "none"):
+        values["decay"] = config["attention.decay"]  # the gate's projection
+        values["attention"] = config.get("attention.name")
+    key = tuple(sorted((k, v) for k, v in values.items() if k in fields))
+    return _count_params(key, architecture_only)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_params(key: tuple[tuple[str, Any], ...], non_embedding: bool = False) -> int | None:
+    try:
+        return count_params(param_shapes(ModelConfig(**dict(key))), non_embedding=non_embedding)
+    except Exception:
+        return None
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """A local run directory: ``config.yaml`` (the resolved config) and ``metrics.jsonl``."""
+    d = Path(run_dir)
+    config = flatten(yaml.safe_load((d / "config.yaml").read_text()) or {})
+    records = []
+    metrics = d / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a preemption
+    name = str(config.get("log.name") or d.name)
+    return Run(name, config, records, count_params_of(config))
+
+
+def find_runs(roots: Iterable[str | Path]) -> list[Run]:
+    """Every run directory (holding ``config.yaml`` and ``metrics.jsonl``) at or under
+    ``roots``, sorted by (family, context, name)."""
+    dirs: list[Path] = []
+    for root in roots:
+        root = Path(root)
+        if (root / "metrics.jsonl").exists():
+            dirs.append(root)
+        else:
+            dirs.extend(p.parent for p in sorted(root.rglob("metrics.jsonl")))
+    runs = [load_run(d) for d in dict.fromkeys(dirs) if (d / "config.yaml").exists()]
+    return sorted(runs, key=lambda r: (r.size, r.family, r.context, r.name))
+
+
+def load_wandb_runs(project: str, group: str | None = None, entity: str | None = None) -> list[Run]:
+    """Runs of a wandb project (optionally one ``log.wandb_group``) through the public API; needs
+    network and a wandb login. The trainer logs the config as dotted keys and ``step`` as the
+    x-axis, so the records look like ``metrics.jsonl``'s."""
+    # wandb: only to read runs from a project.
+    import wandb
+
+    api = wandb.Api()
+    path = f"{entity}/{project}" if entity else project
+    filters = {"group": group} if group else None
+    runs = []
+    for wr in api.runs(path, filters=filters):
+        config = {k: v for k, v in dict(wr.config).items() if not k.startswith("_")}
+        records = list(wr.scan_history(keys=["step", "loss", "hours"]))
+        runs.append(Run(wr.name, config, records, count_params_of(config)))
+    return runs
+
+
+def ema(y: np.ndarray, alpha: float) -> np.ndarray:
+    """Exponential moving average (``alpha`` = weight of history, 0 = no smoothing), debiased
+    at the start like TensorBoard's smoothing."""
+    if alpha <= 0 or y.size == 0:
+        return y
+    out, acc, w = np.empty_like(y), 0.0, 0.0
+    for i, v in enumerate(y):
+        acc, w = alpha * acc + (1 - alpha) * v, alpha * w + (1 - alpha)
+        out[i] = acc / w
+    return out
+
+
+def context_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The learning study by context: one row per run (sorted by size, variant, context) with
+    its final held-out loss (``val``, the last evaluation), final training loss (``train``),
+    ``loss`` (``val``, or ``train`` for runs without evaluations, ``held_out`` saying which) and
+    ``gap``: ``loss`` minus that of the softmax baseline (:attr:`Run.is_baseline`, e.g.
+    ``flash``) of the same size and context (None without one); also the run's ``seed``,
+    ``train_s`` (its step times summed) and ``spikes`` (the trainer's last spike count)."""
+    rows = []
+    for r in runs:
+        steps, _ = r.series("step", "loss")
+        _, times = r.series("step", "step_time_s")
+        _, spikes = r.series("step", "diag/spikes")
+        rows.append(
+            dict(
+                name=r.name,
+                size=r.size,
+                variant=r.variant,
+                context=r.context,
+                seed=r.config.get("seed"),
+                steps=int(steps[-1]) if steps.size else 0,
+                val=r.final_val_loss(),
+                train=r.final_loss(),
+                train_s=round(float(times.sum()), 1) if times.size else None,
+                spikes=int(spikes[-1]) if spikes.size else None,
+                baseline=r.is_baseline,
+            )
+        )
+    for x in rows:
+        x["held_out"] = x["val"] is not None
+        x["loss"] = x["val"] if x["held_out"] else x["train"]
+    base = {(x["size"], x["context"]): x["loss"] for x in rows if x["baseline"]}
+    for x in rows:
+        ref = base.get((x["size"], x["context"]))
+        x["gap"] = x["loss"] - ref if x["loss"] is not None and ref is not None else None
+    # The baseline first, then the variants in the order the runs came.
+    variants = [r.variant for r in runs if r.is_baseline] + [r.variant for r in runs]
+    order = {v: i for i, v in enumerate(dict.fromkeys(variants))}
+    return sorted(rows, key=lambda x: (x["size"], order[x["variant"]], x["context"]))
+
+
+def context_table_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """:func:`context_table` as a Markdown table per size: final loss per variant (rows) and
+    context (columns), held-out (training loss, marked ``*``, for runs never evaluated), with
+    the gap to the softmax baseline in parentheses."""
+    out = []
+    for size in dict.fromkeys(x["size"] for x in rows):
+        mine = [x for x in rows if x["size"] == size]
+        contexts = sorted({x["context"] for x in mine})
+        by = {(x["variant"], x["context"]): x for x in mine}
+        out += [
+            f"| {size} | " + " | ".join(context_label(c) for c in contexts) + " |",
+            "|---" * (len(contexts) + 1) + "|",
+        ]
+        for v in dict.fromkeys(x["variant"] for x in mine):
+            cells = []
+            for c in contexts:
+                x = by.get((v, c))
+                if x is None or x["loss"] is None:
+                    cells.append("")
+                    continue
+                mark = "" if x["held_out"] else "*"
+                gap = "" if x["baseline"] or x["gap"] is None else f" ({x['gap']:+.3f})"
+                cells.append(f"{x['loss']:.3f}{mark}{gap}")
+            out.append(f"| {v} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def final_loss_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """One row per run: name, size, params, context, attention, family, steps, hours, final
+    loss."""
+    rows = []
+    for r in runs:
+        steps, _ = r.series("step", "loss")
+        hours, _ = r.series("hours", "loss")
+        rows.append(
+            dict(
+                name=r.name,
+                size=r.size,
+                n_params=r.n_params,
+                context=r.context,
+                attention=r.attention,
+                family=r.family,
+                steps=int(steps[-1]) if steps.size else 0,
+                hours=float(hours[-1]) if hours.size else None,
+                final_loss=r.final_loss(),
+            )
+        )
+    return rows

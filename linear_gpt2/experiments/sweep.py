@@ -1,0 +1,405 @@
+"""Sweeps: many training runs from one base config, a grid and/or a list of points.
+
+A sweep file (YAML, see ``configs/sweeps/``)::
+
+    name: post-learning-124M        # wandb group (log.wandb_group) and default out_dir runs/<name>
+    base: ../post/base.yaml         # the base config, relative to this file
+    out_dir: runs/post-learning     # optional; run directories are out_dir/<run name>
+    overrides:                      # dotted keys fixed for every point
+      model.preset: 124M
+      model.block_size: ${data.context}   # OmegaConf interpolation: follows the context
+    grid:                           # cartesian product over dotted keys (in this order)
+      data.context: [1024, 4096]
+      attention.name: [flash, LT_chunked]
+      variant:                      # or over a named axis whose values set several keys at once
+        - {attention.doc_reset: false}
+        - {attention.doc_reset: true, attention.decay: gate}
+    points:                         # explicit points (dicts of overrides); with a grid, each
+      - {train.micro_batch: 8}      # point is combined with every grid entry
+    name_keys: [data.context, attention.name]   # optional: which keys name the runs
+    slurm: {gpus_per_node: 8, time: "24:00:00"} # optional: sbatch options for --slurm
+
+Each point becomes overrides for :func:`linear_gpt2.config.load_config`, plus ``log.name`` (built
+from the keys that vary across points, e.g. ``ctx4096_LT_chunked_c64``), ``log.run_dir`` and
+``log.wandb_group`` (the sweep's name, so wandb groups the runs); command-line overrides apply to
+every point, last.
+
+What a rerun does with each point (:func:`point_status`) compares the point's config, resolved
+now, with the one its run directory last ran with (the ``DONE`` marker's, else ``config.yaml``):
+
+- ``todo``: never ran, or unfinished: it runs, resuming from its last checkpoint;
+- ``done``: finished (``DONE``, written when ``train`` reached ``train.max_steps``,
+  ``train.max_hours`` or ``train.target_val_acc``, or a checkpoint at ``max_steps``) with the
+  same config: skipped;
+- ``changed``: finished, but keys a resumed run may change differ (``train.max_steps``,
+  ``train.max_hours``, logging...): it runs again and continues from its checkpoint, e.g. to the
+  new ``max_steps``;
+- ``stale``: its checkpoints belong to another experiment (model, data, optimisation keys
+  differ): not run, reported with the keys, and the sweep exits 1 (pick another ``out_dir`` or
+  move the run directory aside).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import yaml
+
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.checkpoint import MUTABLE_PREFIXES, step_dirs
+from linear_gpt2.training.config import Config, diff, load_config, load_config_from_dict
+from linear_gpt2.training.trainer import train
+
+REPO = Path(__file__).resolve().parents[2]
+DONE = "DONE"
+# How a trainer run ends that counts as finished (DONE is written): its step budget, its hours,
+# or the held-out accuracy it was to reach (train.target_val_acc).
+FINISHED = ("max_steps", "max_hours", "target_val_acc")
+SWEEP_KEYS = {"name", "base", "out_dir", "overrides", "grid", "points", "name_keys", "slurm"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One run of a sweep: its index, run name, and the overrides that define it."""
+
+    index: int
+    name: str
+    values: dict[str, Any]  # the point's own keys (grid entry + explicit point)
+    overrides: tuple[str, ...]  # everything passed to load_config after the base file
+
+
+@dataclasses.dataclass
+class Sweep:
+    path: Path
+    name: str
+    base: Path
+    out_dir: Path
+    overrides: dict[str, Any]
+    points: list[Point]
+    slurm: dict[str, Any]
+
+
+def format_value(v: Any) -> str:
+    """A value as the right-hand side of a ``key=value`` override (OmegaConf reads YAML)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return yaml.safe_dump(v, default_flow_style=True).strip()
+
+
+# Short names for the keys that usually vary, so run names read like ctx4096_LT_chunked_c64.
+NAME_PREFIX = {
+    "data.context": "ctx",
+    "attention.name": "",
+    "attention.chunk_size": "c",
+    "model.preset": "",
+    "train.micro_batch": "mb",
+    "train.lr": "lr",
+    "seed": "seed",
+    "attention.doc_reset": "reset",
+    "attention.decay": "decay",
+    "attention.feature_map": "",
+    "data.mqar.num_kv_pairs": "kv",
+}
+
+
+def name_part(key: str, value: Any) -> str:
+    prefix = NAME_PREFIX.get(key, key.rsplit(".", 1)[-1])
+    text = format_value(value)
+    safe = "".join(c if c.isalnum() or c in "-._" else "-" for c in text).strip("-")
+    return f"{prefix}{safe}"
+
+
+def expand(grid: dict[str, list[Any]] | None, points: list[dict[str, Any]] | None):
+    """The sweep's points as dicts of dotted keys: the cartesian product of the grid (keys in
+    order; a value that is a mapping sets its keys together, the grid key only names the axis)
+    combined with each explicit point (explicit values win)."""
+    grid = grid or {}
+    for k, v in grid.items():
+        if not isinstance(v, list) or not v:
+            raise ConfigError(f"sweep grid: {k} must be a non-empty list, got {v!r}")
+    combos = []
+    for vals in itertools.product(*grid.values()):
+        combo: dict[str, Any] = {}
+        for k, v in zip(grid, vals):
+            # A named axis: each value is a mapping of overrides set together.
+            combo.update(v) if isinstance(v, dict) else combo.__setitem__(k, v)
+        combos.append(combo)
+    combos = combos or [{}]
+    explicit = points or [{}]
+    for p in explicit:
+        if not isinstance(p, dict):
+            raise ConfigError(f"sweep points: each point is a mapping of overrides, got {p!r}")
+    return [{**g, **p} for p in explicit for g in combos]
+
+
+def load_sweep(path: str | Path, extra: list[str] | tuple[str, ...] = ()) -> Sweep:
+    """Read a sweep file; ``extra`` overrides (``key=value``) apply to every point, last."""
+    path = Path(path).absolute()
+    if not path.is_file():
+        raise ConfigError(
+            f"sweep file {str(path)!r} does not exist; the shipped ones are in configs/sweeps/"
+        )
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        first = str(e).replace("\n", " ")
+        raise ConfigError(f"sweep file {str(path)!r} is not valid YAML ({first})") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(
+            f"sweep file {str(path)!r} must be a mapping (name, base, grid, ...), got "
+            f"{type(spec).__name__}"
+        )
+    bad = [o for o in extra if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"overrides must look like section.key=value, got {bad}")
+    unknown = set(spec) - SWEEP_KEYS
+    if unknown:
+        raise ConfigError(
+            f"sweep {path}: unknown key(s) {sorted(unknown)}; valid: {sorted(SWEEP_KEYS)}"
+        )
+    if "base" not in spec:
+        raise ConfigError(f"sweep {path}: needs 'base', the config file the points override")
+    name = str(spec.get("name") or path.stem)
+    base = (path.parent / spec["base"]).resolve()
+    # Absolute, so that subprocesses, SLURM tasks (which cd to the repository) and a later
+    # rerun from elsewhere all find the same run directories.
+    out_dir = Path(spec.get("out_dir") or f"runs/{name}").absolute()
+    fixed = dict(spec.get("overrides") or {})
+    values = expand(spec.get("grid"), spec.get("points"))
+    varying = [k for k in dict.fromkeys(k for v in values for k in v) if _varies(k, values)]
+    name_keys = list(spec.get("name_keys") or varying)
+    points = []
+    seen: dict[str, int] = {}
+    for i, v in enumerate(values):
+        named = {**fixed, **v}  # name_keys may name a fixed key too (ctx16384_LT_chunked_c64)
+        run = "_".join(name_part(k, named[k]) for k in name_keys if k in named) or f"point{i}"
+        if run in seen:
+            raise ConfigError(
+                f"sweep {path}: points {seen[run]} and {i} would both be named {run!r}; add the "
+                "key that tells them apart to name_keys"
+            )
+        seen[run] = i
+        overrides = (
+            *(f"{k}={format_value(x)}" for k, x in fixed.items()),
+            *(f"{k}={format_value(x)}" for k, x in v.items()),
+            f"log.name={run}",
+            f"log.run_dir={out_dir / run}",
+            f"log.wandb_group={name}",
+            *extra,
+        )
+        points.append(Point(i, run, v, overrides))
+    return Sweep(path, name, base, out_dir, fixed, points, dict(spec.get("slurm") or {}))
+
+
+def _varies(key: str, values: list[dict[str, Any]]) -> bool:
+    seen = {json.dumps(v.get(key, "<unset>"), sort_keys=True, default=str) for v in values}
+    return len(seen) > 1
+
+
+def point_config(sweep: Sweep, point: Point) -> Config:
+    return load_config(sweep.base, list(point.overrides))
+
+
+def _saved_config(run_dir: Path) -> Config | None:
+    """The config the run directory last ran (or finished) with, if it can be read."""
+    try:
+        marker = json.loads((run_dir / DONE).read_text())
+        if isinstance(marker, dict) and isinstance(marker.get("config"), dict):
+            return load_config_from_dict(marker["config"])
+    except (OSError, ValueError):
+        pass
+    try:
+        return load_config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    except (OSError, ValueError, yaml.YAMLError, TypeError, AttributeError):
+        return None
+
+
+def point_status(cfg: Config) -> tuple[str, str]:
+    """``(status, detail)`` of a point's run directory under its resolved config ``cfg``:
+    ``todo``, ``done``, ``changed`` or ``stale`` (module docstring); ``detail`` names the keys
+    that differ."""
+    run_dir = Path(cfg.log.run_dir)
+    saved = _saved_config(run_dir)
+    changes = diff(saved, cfg) if saved is not None else {}
+    detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+    experiment = {k for k in changes if not k.startswith(MUTABLE_PREFIXES)}
+    if experiment and step_dirs(run_dir / "checkpoints"):
+        keys = ", ".join(f"{k} {changes[k][0]!r} -> {changes[k][1]!r}" for k in sorted(experiment))
+        return "stale", keys
+    finished = (run_dir / DONE).exists() or (
+        run_dir / "checkpoints" / str(cfg.train.max_steps)
+    ).is_dir()
+    if not finished:
+        return "todo", detail
+    return ("done", "") if not changes else ("changed", detail)
+
+
+def is_done(cfg: Config) -> bool:
+    """The run reached its end with this config: skipped when the sweep runs again."""
+    return point_status(cfg)[0] == "done"
+
+
+def train_command(sweep: Sweep, point: Point) -> list[str]:
+    """The equivalent ``scripts/train.py`` command line (to run a point by hand elsewhere)."""
+    return [sys.executable, str(REPO / "scripts" / "train.py"), str(sweep.base), *point.overrides]
+
+
+def point_command(sweep: Sweep, point: Point, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """``scripts/sweep.py SWEEP --point I``: runs one point with the skip check and marker."""
+    return [
+        sys.executable,
+        str(REPO / "scripts" / "sweep.py"),
+        str(sweep.path),
+        "--point",
+        str(point.index),
+        *extra,
+    ]
+
+
+def run_point(sweep: Sweep, point: Point) -> str:
+    """Train one point in this process unless it is done. Returns ``skipped``, or the trainer's
+    ``stopped_by`` (``max_steps``, ``max_hours``, ``signal``). Writes ``DONE`` when finished."""
+    cfg = point_config(sweep, point)
+    status, detail = point_status(cfg)
+    if status == "done":
+        return "skipped"
+    if status == "stale":
+        raise StalePointError(_stale_message(point, cfg, detail))
+    result = train(cfg)
+    if result.stopped_by in FINISHED and jax.process_index() == 0:
+        marker = {
+            "step": result.last_step,
+            "stopped_by": result.stopped_by,
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "config": cfg.to_dict(),
+        }
+        tmp = Path(cfg.log.run_dir) / f"{DONE}.tmp"
+        tmp.write_text(json.dumps(marker) + "\n")
+        tmp.replace(Path(cfg.log.run_dir) / DONE)
+    return result.stopped_by
+
+
+class StalePointError(ConfigError):
+    """A point whose run directory holds another experiment's checkpoints."""
+
+
+def _stale_message(point: Point, cfg: Config, keys: str) -> str:
+    return (
+        f"sweep point {point.index} ({point.name}): {cfg.log.run_dir} holds a run of another "
+        f"experiment ({keys}); set another out_dir in the sweep file, or move that run "
+        "directory aside to rerun the point"
+    )
+
+
+def run_sweep(
+    sweep: Sweep,
+    *,
+    in_process: bool = False,
+    extra: list[str] | tuple[str, ...] = (),
+    log=print,
+) -> dict[str, str]:
+    """Run every point in turn; returns ``{run name: outcome}``. Outcomes: ``skipped`` (done
+    before), ``max_steps``/``max_hours``/``signal`` (in process), ``ok`` (subprocess), or
+    ``failed (...)``. A failing point (an OOM, say) does not stop the others; every point's
+    config is checked before the first one trains.
+
+    By default each point is a subprocess (``scripts/sweep.py SWEEP --point I``): a point that
+    runs out of memory or crashes cannot leave device memory or JAX state behind for the next.
+    ``in_process`` trains in this process (fast for tiny sweeps and tests).
+    """
+    outcomes: dict[str, str] = {}
+    configs = [point_config(sweep, p) for p in sweep.points]  # every point valid before training
+    for p, cfg in zip(sweep.points, configs):
+        status, detail = point_status(cfg)
+        if status == "done":
+            outcomes[p.name] = "skipped"
+            log(f"[{p.index}] {p.name}: done, skipped")
+            continue
+        if status == "stale":
+            outcomes[p.name] = f"stale ({detail})"
+            log(f"[{p.index}] {p.name}: not run: {_stale_message(p, cfg, detail)}")
+            continue
+        why = f" (finished, config changed: {detail})" if status == "changed" else ""
+        log(f"[{p.index}] {p.name}: running{why}")
+        if in_process:
+            try:
+                outcomes[p.name] = run_point(sweep, p)
+            except Exception as e:  # an OOM or a NaN stop: record it, go on with the next
+                outcomes[p.name] = f"failed ({type(e).__name__}: {str(e).splitlines()[0]})"
+        else:
+            rc = subprocess.run(point_command(sweep, p, extra), cwd=Path.cwd()).returncode
+            outcomes[p.name] = "ok" if rc == 0 else f"failed (exit {rc})"
+        log(f"[{p.index}] {p.name}: {outcomes[p.name]}")
+    return outcomes
+
+
+def dry_run(sweep: Sweep) -> list[tuple[Point, tuple[str, str], list[str]]]:
+    """``(point, (status, detail), train command)`` for every point, without running anything
+    (statuses as :func:`point_status`)."""
+    return [
+        (p, point_status(point_config(sweep, p)), train_command(sweep, p)) for p in sweep.points
+    ]
+
+
+def slurm_script(sweep: Sweep, extra: list[str] | tuple[str, ...] = ()) -> str:
+    """An ``sbatch`` array script with one task per unfinished point; each task runs
+    ``scripts/sweep.py SWEEP --point $SLURM_ARRAY_TASK_ID`` (one process per node, as the
+    trainer expects; it re-checks the done marker, so a requeued task that finished exits at
+    once). ``slurm:`` in the sweep file sets ``nodes``, ``gpus_per_node``, ``time``,
+    ``partition``, ``account``, ``max_parallel`` and ``python``."""
+    status = {p.index: point_status(point_config(sweep, p)) for p in sweep.points}
+    todo = [p for p in sweep.points if status[p.index][0] in ("todo", "changed")]
+    stale = [p for p in sweep.points if status[p.index][0] == "stale"]
+    s = {"nodes": 1, "gpus_per_node": 8, "time": "24:30:00", **sweep.slurm}
+    python = str(s.get("python") or sys.executable)
+    array = ",".join(str(p.index) for p in todo) or "none"
+    if todo and s.get("max_parallel"):
+        array += f"%{s['max_parallel']}"
+    log_dir = sweep.out_dir / "slurm"
+    lines = [
+        "#!/bin/bash",
+        f"# Sweep {sweep.name} ({sweep.path}): {len(todo)} of {len(sweep.points)} points to run.",
+        *(f"#   {p.index}: {p.name}" for p in todo),
+        *(f"#   not submitted, stale: {p.index}: {p.name} ({status[p.index][1]})" for p in stale),
+        f"#SBATCH --job-name={sweep.name}",
+        f"#SBATCH --array={array}",
+        f"#SBATCH --nodes={s['nodes']}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={s['gpus_per_node']}",
+        f"#SBATCH --time={s['time']}",
+        "#SBATCH --signal=TERM@120        # the trainer checkpoints and exits; --requeue resumes",
+        "#SBATCH --requeue",
+        f"#SBATCH --output={log_dir}/%x_%A_%a.out",
+    ]
+    for key in ("partition", "account", "qos"):
+        if s.get(key):
+            lines.append(f"#SBATCH --{key}={s[key]}")
+    # Absolute paths, and the directory the script was written from: relative paths in the
+    # overrides (data.path=...) mean the same in the job as on the command line.
+    script = REPO / "scripts" / "sweep.py"
+    cmd = [shlex.quote(python), shlex.quote(str(script)), shlex.quote(str(sweep.path))]
+    cmd += ["--point", '"$SLURM_ARRAY_TASK_ID"', *(shlex.quote(e) for e in extra)]
+    lines += [
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(Path.cwd()))}",
+        f"mkdir -p {shlex.quote(str(log_dir))}",
+        " ".join(["srun", *cmd]),
+    ]
+    if not todo:
+        lines.insert(1, "# every point is done: nothing to submit")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,457 @@
+"""The differentiable ``LT_chunked`` ops over the Pallas kernels (Triton-lowered on GPU,
+interpret mode elsewhere).
+
+Two designs of the same function, both with float32 states and normaliser sums:
+
+- **chunk-parallel** (``pallas_chunk``): a state pass parallel over (segment, batch, head,
+  value block) and sequential over the chunks of its segment writes the state entering every
+  chunk to HBM; the sequence is split into G segments whose totals are prefix-summed in XLA
+  (exact: the update is a sum) so that the pass has enough programs even at batch 1; then the
+  outputs, parallel over (row tile, batch, head, value block). Backward: the state pass is
+  recomputed, a reverse state pass writes the cotangent of every chunk's state, and one kernel
+  parallel over (row tile, batch, head) gives dphi(q), dphi(k), dv (two at D = 128). As fla's
+  ``chunk_fwd_h`` / ``chunk_fwd_o`` / ``chunk_bwd_dh`` / ``chunk_bwd_dqkwg``, and the post's
+  own ``LT_chunked``.
+- **fused single pass** (``pallas_fused_chunk``): one program per (batch, head[, value block])
+  walks all chunks, carrying the state in registers; nothing but den goes to HBM besides the
+  outputs. The least traffic and the fewest launches, but only B H programs: it wins when
+  B H occupies most of the 132 SMs, or at 1k tokens with B H = 24 or so (``cost.choose``).
+
+``kernel="pallas"`` chooses between them by shape with the model in ``cost`` (logged once per
+shape); the two names force one. The interface, for both: :func:`chunked_attention`.
+
+Residuals of the ``custom_vjp``: phi(q), phi(k), v, y, den and the initial state: O(T D); the
+backward recomputes the per-chunk states (one more state pass) rather than keeping T/c D^2.
+
+**Forgetting** (issue 14: document resets, decay gates; chunk-parallel design only). XLA
+prepares b ``[B, T, H]`` float32, the cumulative log-gates *within each chunk*, and s ``[B, T]``
+int32, the document index within the chunk (:func:`forgetting`); the kernels build every weight
+from them (``tiles``). Per-chunk carries [no reset in the chunk] e^{b_last} give the decayed
+segment prefix (an associative scan of (carry product, state) pairs over the G segments,
+:func:`_decayed_bases`, and its reverse, :func:`_decayed_dbases`) and each chunk's factor of its
+segment's base (:func:`chunk_factors`). The log-gate gradient: the weights depend on b_i only
+through phi(q_i) e^{b_i} and phi(k_i) e^{-b_i} and, at the chunk's last row, through the state
+leaving the chunk, so
+
+    d b_i = phi(q_i) . dphi(q_i) - phi(k_i) . dphi(k_i)
+            + [i = last] (sum_j out_j d out_j + carry <dS_after, S_in> + carry <dz_after, z_in>)
+
+(the first line summed in float32 by the gradient kernels, the chunk sums in XLA:
+:func:`log_gate_cotangent`), equal to the per-tile rowsum(dA o A) - colsum(dA o A) plus the
+state terms; d(log_gate) is its transpose through the chunk-local cumsum (autodiff: a reverse
+cumsum within each chunk). Without log-gates (resets only) none of it is computed.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from linear_gpt2 import kernels
+from linear_gpt2.kernels.lt_chunked import (
+    CHUNK,
+    FUSED,
+    NAMES,
+    bwd_dh,
+    bwd_dqkv,
+    cost,
+    fused_chunk,
+    fwd_h,
+    fwd_o,
+)
+from linear_gpt2.kernels.lt_chunked import plan as plan_lib
+
+F32 = jnp.float32
+
+
+# --------------------------------------------------------------------------------------------
+# Segment prefixes (XLA): the exact sums that join the state pass's segments
+
+
+def _bases(ht, zt, state, need_final: bool):
+    """Per-segment bases ``(S [B, H, G, D, D], z [B, H, G, D])``: the initial state plus the
+    totals of the earlier segments (None when G = 1 and there is no initial state: zero), and
+    the final state (None unless ``need_final``)."""
+    G = ht.shape[2]
+    if state is None:
+        state = (jnp.zeros_like(ht[:, :, 0]), jnp.zeros_like(zt[:, :, 0]))
+        if G == 1:
+            final = (ht[:, :, 0], zt[:, :, 0]) if need_final else None
+            return None, final
+    S0, z0 = state
+    S_incl = S0[:, :, None] + jnp.cumsum(ht, axis=2)
+    z_incl = z0[:, :, None] + jnp.cumsum(zt, axis=2)
+    base = (
+        jnp.concatenate([S0[:, :, None], S_incl[:, :, :-1]], axis=2),
+        jnp.concatenate([z0[:, :, None], z_incl[:, :, :-1]], axis=2),
+    )
+    return base, ((S_incl[:, :, -1], z_incl[:, :, -1]) if need_final else None)
+
+
+def _dbases(dht, dzt, final_ct, need_initial: bool):
+    """Per-segment cotangent bases: the final state's cotangent plus the totals of the later
+    segments (None when G = 1 and there is no final-state cotangent: zero), and the initial
+    state's cotangent (None unless ``need_initial``)."""
+    G = dht.shape[2]
+    if final_ct is None:
+        final_ct = (jnp.zeros_like(dht[:, :, 0]), jnp.zeros_like(dzt[:, :, 0]))
+        if G == 1:
+            initial = (dht[:, :, 0], dzt[:, :, 0]) if need_initial else None
+            return None, initial
+    dSf, dzf = final_ct
+    dS_incl = dSf[:, :, None] + jnp.flip(jnp.cumsum(jnp.flip(dht, 2), axis=2), 2)
+    dz_incl = dzf[:, :, None] + jnp.flip(jnp.cumsum(jnp.flip(dzt, 2), axis=2), 2)
+    dbase = (
+        jnp.concatenate([dS_incl[:, :, 1:], dSf[:, :, None]], axis=2),
+        jnp.concatenate([dz_incl[:, :, 1:], dzf[:, :, None]], axis=2),
+    )
+    return dbase, ((dS_incl[:, :, 0], dz_incl[:, :, 0]) if need_initial else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Forgetting (issue 14): per-position inputs and the decayed segment prefixes (XLA)
+
+
+class Forgetting(NamedTuple):
+    """What the kernels read of ``linear.Forget``, prepared in XLA around them (padded T):
+
+    - ``b`` ``[B, T, H]`` float32: the chunk-local cumulative log-gates, b_i = sum of log gamma
+      from the chunk's first position to i (a cumsum within each chunk only, never over the
+      sequence: every b_i and every b_i - b_j used is a sum over at most c gates, <= 0);
+    - ``s`` ``[B, T]`` int32: the document index within the chunk (0 = the document the chunk
+      began in, +1 at each reset);
+    - ``gated``: whether log-gates were given (then their gradient is computed)."""
+
+    b: jax.Array
+    s: jax.Array
+    gated: bool
+
+
+def forgetting(log_gate, resets, B: int, T: int, H: int, c: int) -> Forgetting:
+    """:class:`Forgetting` from ``log_gate`` float32 ``[B, T, H]`` and ``resets`` bool ``[B, T]``
+    (either None; T a multiple of c). Differentiable in log_gate: the gradient of b reaches it
+    through the transpose of the chunk-local cumsum, a reverse cumsum within each chunk."""
+    N = T // c
+    if log_gate is None:
+        b = jnp.zeros((B, T, H), F32)
+    else:
+        b = kernels.block_cumsum(log_gate, c)
+    if resets is None:
+        s = jnp.zeros((B, T), jnp.int32)
+    else:
+        s = jnp.cumsum(resets.reshape(B, N, c).astype(jnp.int32), axis=2).reshape(B, T)
+    return Forgetting(b, s, log_gate is not None)
+
+
+def chunk_factors(b, s, c: int, G: int):
+    """Per-chunk factors of the state (``[B, H, N]`` float32, N = T / c chunks in G segments):
+    ``carry`` = [no reset in the chunk] e^{b_last}, the factor across the chunk; ``decay``: the
+    product of the carries of the segment's earlier chunks (the factor of the segment's base
+    entering the chunk); ``rdecay``: that of its later chunks (the factor of the cotangent
+    base); ``total`` ``[B, H, G]``: the product over each segment. Products of factors in
+    [0, 1]: they underflow to 0, never to NaN."""
+    B, T, H = b.shape
+    N = T // c
+    L = N // G
+    b_last = jnp.moveaxis(b.reshape(B, N, c, H)[:, :, -1], 1, 2)  # [B, H, N]
+    s_last = s.reshape(B, N, c)[:, None, :, -1]  # [B, 1, N]
+    carry = jnp.where(s_last == 0, jnp.exp(jnp.minimum(b_last, 0.0)), 0.0)
+    seg = carry.reshape(B, H, G, L)
+    incl = jnp.cumprod(seg, axis=-1)
+    ones = jnp.ones_like(seg[..., :1])
+    decay = jnp.concatenate([ones, incl[..., :-1]], axis=-1).reshape(B, H, N)
+    rincl = jnp.flip(jnp.cumprod(jnp.flip(seg, -1), axis=-1), -1)
+    rdecay = jnp.concatenate([rincl[..., 1:], ones], axis=-1).reshape(B, H, N)
+    return carry, decay, rdecay, incl[..., -1]
+
+
+def _combine(x, y):
+    """Composition of two affine state maps S -> g S + P (x first, then y)."""
+    (gx, Px, px), (gy, Py, py) = x, y
+    return gx * gy, gy[..., None, None] * Px + Py, gy[..., None] * px + py
+
+
+def _decayed_bases(ht, zt, total, state, need_final: bool):
+    """As :func:`_bases` with forgetting: base[g+1] = total_g base[g] + ht[g] (an associative
+    scan over the G segments)."""
+    G = ht.shape[2]
+    if state is None:
+        if G == 1:
+            return None, ((ht[:, :, 0], zt[:, :, 0]) if need_final else None)
+        state = (jnp.zeros_like(ht[:, :, 0]), jnp.zeros_like(zt[:, :, 0]))
+    S0, z0 = state
+    Gp, Q, q = jax.lax.associative_scan(_combine, (total, ht, zt), axis=2)
+    S_after = Gp[..., None, None] * S0[:, :, None] + Q
+    z_after = Gp[..., None] * z0[:, :, None] + q
+    base = (
+        jnp.concatenate([S0[:, :, None], S_after[:, :, :-1]], axis=2),
+        jnp.concatenate([z0[:, :, None], z_after[:, :, :-1]], axis=2),
+    )
+    return base, ((S_after[:, :, -1], z_after[:, :, -1]) if need_final else None)
+
+
+def _decayed_dbases(dht, dzt, total, final_ct, need_initial: bool):
+    """As :func:`_dbases` with forgetting: the cotangent entering segment g is total_g dbase[g]
+    + dht[g], and is dbase[g-1] (a reverse associative scan)."""
+    G = dht.shape[2]
+    if final_ct is None:
+        if G == 1:
+            return None, ((dht[:, :, 0], dzt[:, :, 0]) if need_initial else None)
+        final_ct = (jnp.zeros_like(dht[:, :, 0]), jnp.zeros_like(dzt[:, :, 0]))
+    dSf, dzf = final_ct
+    flip = partial(jnp.flip, axis=2)
+    Gp, Q, q = jax.lax.associative_scan(_combine, (flip(total), flip(dht), flip(dzt)), axis=2)
+    dS_in = flip(Gp[..., None, None] * dSf[:, :, None] + Q)
+    dz_in = flip(Gp[..., None] * dzf[:, :, None] + q)
+    dbase = (
+        jnp.concatenate([dS_in[:, :, 1:], dSf[:, :, None]], axis=2),
+        jnp.concatenate([dz_in[:, :, 1:], dzf[:, :, None]], axis=2),
+    )
+    return dbase, ((dS_in[:, :, 0], dz_in[:, :, 0]) if need_initial else None)
+
+
+def _full(h, base, factor, G: int):
+    """The state at every chunk ``[B, H, N, ...]``: the segment-local h plus its segment's base
+    times ``factor`` ``[B, H, N]`` (fused by XLA into its consumer)."""
+    if base is None:
+        return h
+    B, H, N = h.shape[:3]
+    L = N // G
+    hs = h.reshape(B, H, G, L, *h.shape[3:])
+    f = factor.reshape(B, H, G, L, *(1,) * (h.ndim - 3))
+    return (hs + f * base[:, :, :, None]).reshape(h.shape)
+
+
+def log_gate_cotangent(gb, od, carry, inner, c: int):
+    """d b ``[B, T, H]`` from the gradient kernels' rows (module docstring, "log-gate gradient"):
+    gb_i = phi(q_i).dphi(q_i) - phi(k_i).dphi(k_i), plus at each chunk's last row the terms of
+    b_last in the state leaving the chunk: sum_j out_j d out_j (``od``) + carry <dS_after, S_in>."""
+    B, H, T = gb.shape
+    N = T // c
+    last = od.reshape(B, H, N, c).sum(-1) + carry * inner  # [B, H, N]
+    db = gb.reshape(B, H, N, c).at[..., -1].add(last)
+    return jnp.moveaxis(db.reshape(B, H, T), 1, 2)
+
+
+def row_cotangents(dy, y, den, eps: float):
+    """r = 1 / (den + eps) and delta = r (dY . y) ``[B, H, T]`` float32: the cotangent of the
+    numerator rows is g = r dY, that of the denominator -delta. dy, y ``[B, T, H, D]``."""
+    r = kernels.reciprocal(den, eps)
+    dot = jnp.einsum("bthd,bthd->bht", dy.astype(F32), y.astype(F32))
+    return r, r * dot
+
+
+# --------------------------------------------------------------------------------------------
+# The chunk-parallel design
+
+
+def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state):
+    if forget is None:
+        h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)
+        base, final = _bases(ht, zt, state, return_state)
+        y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks)
+        return y, den, final
+    b, s, _ = forget
+    _, decay, _, total = chunk_factors(b, s, blocks.c, blocks.segments)
+    h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, b, s)
+    base, final = _decayed_bases(ht, zt, total, state, return_state)
+    y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks, (b, s, decay))
+    return y, den, final
+
+
+def _chunk_backward(fq, fk, v, y, den, state, forget, dy, final_ct, blocks, eps):
+    if forget is None:
+        h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)  # recomputed: O(T D) residuals only
+        base, _ = _bases(ht, zt, state, False)
+        r, delta = row_cotangents(dy, y, den, eps)
+        dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks)
+        dbase, dstate = _dbases(dht, dzt, final_ct, state is not None)
+        dq, dk, dv = bwd_dqkv.chunk_bwd_grads(
+            fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks
+        )
+        return dq, dk, dv, dstate, None
+    b, s, gated = forget
+    G = blocks.segments
+    carry, decay, rdecay, total = chunk_factors(b, s, blocks.c, G)
+    h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, b, s)
+    base, _ = _decayed_bases(ht, zt, total, state, False)
+    r, delta = row_cotangents(dy, y, den, eps)
+    dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks, b, s)
+    dbase, dstate = _decayed_dbases(dht, dzt, total, final_ct, state is not None)
+    out = bwd_dqkv.chunk_bwd_grads(
+        fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks,
+        forget=(b, s, decay, rdecay, gated),
+    )  # fmt: skip
+    if not gated:
+        return (*out, dstate, None)
+    dq, dk, dv, gb, od = out
+    # <dS_after_n, S_n> + <dz_after_n, z_n> with the full states (one fused XLA reduction)
+    S_in, z_in = _full(h, base and base[0], decay, G), _full(z, base and base[1], decay, G)
+    dS_out, dz_out = (
+        _full(dh, dbase and dbase[0], rdecay, G),
+        _full(dz, dbase and dbase[1], rdecay, G),
+    )
+    inner = jnp.sum(S_in * dS_out, axis=(-2, -1)) + jnp.sum(z_in * dz_out, axis=-1)
+    db = log_gate_cotangent(gb, od, carry, inner, blocks.c)
+    return dq, dk, dv, dstate, db
+
+
+def _fused_forward(fq, fk, v, state, forget, blocks, eps, return_state):
+    assert forget is None, "the single-pass kernels take no forgetting (choose)"
+    return fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state)
+
+
+def _fused_backward(fq, fk, v, y, den, state, forget, dy, final_ct, blocks, eps):
+    r, delta = row_cotangents(dy, y, den, eps)
+    return (*fused_chunk.fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks), None)
+
+
+_DESIGNS = {CHUNK: (_chunk_forward, _chunk_backward), FUSED: (_fused_forward, _fused_backward)}
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _core(fq, fk, v, state, b, s, gated, design: str, blocks, eps: float, return_state: bool):
+    forget = None if b is None else (b, s, gated)
+    y, _, final = _DESIGNS[design][0](fq, fk, v, state, forget, blocks, eps, return_state)
+    return (y, final) if return_state else y
+
+
+def _core_fwd(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state):
+    forget = None if b is None else (b, s, gated)
+    y, den, final = _DESIGNS[design][0](fq, fk, v, state, forget, blocks, eps, return_state)
+    out = (y, final) if return_state else y
+    return out, (fq, fk, v, y, den, state, b, s)
+
+
+def _core_bwd(gated, design, blocks, eps, return_state, residuals, ct):
+    fq, fk, v, y, den, state, b, s = residuals
+    forget = None if b is None else (b, s, gated)
+    dy, final_ct = ct if return_state else (ct, None)
+    dq, dk, dv, dstate, db = _DESIGNS[design][1](
+        fq, fk, v, y, den, state, forget, dy.astype(y.dtype), final_ct, blocks, eps
+    )
+    if b is not None and db is None:
+        db = jnp.zeros_like(b)
+    return dq, dk, dv, dstate, db, None
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# The interface
+
+_LOGGED: set = set()
+
+
+def choose(kernel: str, B: int, T: int, H: int, D: int, c: int, dtype, forget: bool = False) -> str:
+    """The design behind ``kernel`` at this (padded) shape: ``pallas`` asks the cost model
+    (``cost.choose``) and logs the choice once per shape; the explicit names are returned. With
+    forgetting (resets / decay gates) ``pallas`` is the chunk-parallel design, the only one that
+    takes them; the single pass is a one-line error."""
+    if kernel not in NAMES:
+        raise ValueError(f"LT_chunked: unknown Pallas kernel {kernel!r}; valid: {', '.join(NAMES)}")
+    if forget:
+        if kernel == FUSED:
+            raise NotImplementedError(
+                f"LT_chunked: kernel={FUSED!r} does not support attention.doc_reset / "
+                f"attention.decay yet; use kernel={CHUNK}, pallas, auto or xla"
+            )
+        return CHUNK
+    if kernel != "pallas":
+        return kernel
+    choice = cost.choose(B, T, H, D, c, jnp.dtype(dtype).itemsize)
+    key = (B, T, H, D, c, jnp.dtype(dtype).name)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        kernels.note_choice(
+            f"LT_chunked kernel=pallas at [B={B}, T={T}, H={H}, D={D}] c={c} "
+            f"{jnp.dtype(dtype).name}: {choice.kernel} ({choice.reason})",
+            __name__,
+        )
+    return choice.kernel
+
+
+def problem(c: int, D: int) -> str | None:
+    """Why the kernels cannot run chunk size c at head dim D, or None: c must be a power of two
+    >= 16 (Triton block shapes), D at most 128 once padded. Every other (c, D), c = 16 ... T,
+    compiles without spills for the H100 (row tiles keep the registers independent of c)."""
+    bad = kernels.block_size_problem(c)
+    if bad:
+        return f"chunk_size={c} {bad}"
+    return kernels.head_dim_problem(D)
+
+
+def check_chunk(c: int, D: int, kernel: str = "pallas") -> None:
+    """The one-line error for a (c, D) the kernels cannot run (:func:`problem`)."""
+    bad = problem(c, D)
+    if bad:
+        raise ValueError(f"LT_chunked kernel={kernel}: {bad}; use kernel=xla for any size")
+
+
+def chunked_attention(
+    fq: jax.Array,
+    fk: jax.Array,
+    v: jax.Array,
+    c: int,
+    eps: float,
+    initial_state=None,
+    return_final_state: bool = False,
+    kernel: str = "pallas",
+    log_gate: jax.Array | None = None,
+    resets: jax.Array | None = None,
+):
+    """Normalised causal linear attention by chunks of ``c``, fused; differentiable.
+
+    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` (same dtype); any T (padded to a multiple of
+    c: zero features and values add nothing), any D (zero-padded to a power of two >= 16);
+    c a power of two >= 16. ``initial_state``: ``(S [B, H, D, D], z [B, H, D])`` float32 to
+    continue from (the decoder's prefill), differentiable too; ``return_final_state``: also
+    return the state after the T positions. ``kernel``: ``pallas`` (chosen by shape),
+    ``pallas_chunk`` or ``pallas_fused_chunk``. Forgetting (``linear.Forget``): ``log_gate``
+    float32 ``[B, T, H]`` (log gamma <= 0, differentiable) and / or ``resets`` bool ``[B, T]``
+    (a document starts here; a reset at position 0 drops ``initial_state``): the chunk-parallel
+    kernels only. Returns y ``[B, T, H, D]`` in fq's dtype (and the final state)."""
+    B, T, H, D = fq.shape
+    check_chunk(c, D, kernel)
+    Dp = kernels.padded_head_dim(D)
+    pad_t = (-T) % c
+    Tp = T + pad_t
+
+    def prep(x):
+        x = kernels.pad_head_dim(x.astype(fq.dtype), Dp)
+        return jnp.pad(x, ((0, 0), (0, pad_t), (0, 0), (0, 0))) if pad_t else x
+
+    fq_p, fk_p, v_p = (prep(x) for x in (fq, fk, v))
+    state = None
+    if initial_state is not None:
+        S0, z0 = initial_state
+        w = Dp - D
+        state = (
+            jnp.pad(S0.astype(F32), ((0, 0), (0, 0), (0, w), (0, w))),
+            jnp.pad(z0.astype(F32), ((0, 0), (0, 0), (0, w))),
+        )
+    forget = log_gate is not None or resets is not None
+    design = choose(kernel, B, Tp, H, Dp, c, fq.dtype, forget)
+    if design == FUSED:
+        blocks = fused_chunk.blocks(B, Tp, H, Dp, c)
+    else:
+        blocks = plan_lib.blocks(B, Tp, H, Dp, c, forget=forget)
+    b = s = None
+    gated = False
+    if forget:  # padded positions: gamma = 1, no reset (they follow T; their keys are zero)
+        if log_gate is not None and pad_t:
+            log_gate = jnp.pad(log_gate, ((0, 0), (0, pad_t), (0, 0)))
+        if resets is not None and pad_t:
+            resets = jnp.pad(resets, ((0, 0), (0, pad_t)))
+        b, s, gated = forgetting(log_gate, resets, B, Tp, H, c)
+    out = _core(fq_p, fk_p, v_p, state, b, s, gated, design, blocks, float(eps), return_final_state)
+    y, final = out if return_final_state else (out, None)
+    y = y[:, :T, :, :D]
+    if not return_final_state:
+        return y
+    S, z = final
+    return y, (S[:, :, :D, :D], z[:, :, :D])

@@ -1,0 +1,175 @@
+"""The model's configuration: GPT-2's architecture and the attention, one flat frozen value.
+
+:class:`ModelConfig` is what the model code sees: the architecture fields (:class:`ArchConfig`,
+the YAML ``model`` section), the attention name (``attention``) and its options (the shared
+:class:`~linear_gpt2.attention.options.AttentionOptions` and the variant's own), so that a model
+is described by one hashable value (a static argument to ``jax.jit``). Runs build it from their
+config (``training.config.Config.model_config``); code builds it directly or from a preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+from linear_gpt2 import attention
+from linear_gpt2.attention.options import AttentionOptions
+from linear_gpt2.platform.errors import check, check_choice
+
+DTYPES = ("float32", "bfloat16")
+# Rematerialisation of each block in the backward pass (model.remat): none; dots (keep the matmul
+# outputs, recompute the rest); full (keep only each block's input); offload (full, with each
+# block's input kept in host memory); auto (the cheapest that fits the device; memory_plan.py).
+REMAT = ("none", "dots", "full", "offload", "auto")
+GPT2_VOCAB = 50257  # ids 0..50256 (50256 = <|endoftext|>), what the data pipeline emits
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """GPT-2 architecture (the YAML ``model`` section). Defaults are GPT-2 124M trained from
+    scratch (vocabulary padded to 50304, a multiple of 64, as nanoGPT does)."""
+
+    vocab_size: int = 50304
+    block_size: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    # Activation/matmul dtype; parameters, LayerNorm statistics, softmax and loss stay float32.
+    dtype: str = "float32"
+    # Rematerialisation policy per block (REMAT above). true/false are accepted for full/none.
+    remat: bool | str = "auto"
+    # Tokens per chunk of the fused head + cross-entropy (loss.py), which never holds the whole
+    # sequence's [T, vocab] float32 logits; 0 computes the logits at once (nanoGPT's way); auto
+    # chunks only when the plain step does not fit the device (memory_plan.py).
+    loss_chunk: int | str = "auto"
+    # Blocks with the MLP (GPT-2). false: attention-only blocks (x + attn(ln_1(x))), the
+    # 2-layer models of Zoology's and ReBased's MQAR experiments.
+    mlp: bool = True
+    # With mlp: false, also add ln_2(x) to the residual after each attention
+    # (x = x + attn(ln_1(x)); x = x + ln_2(x)). This is what Zoology's TransformerBlock computes
+    # with state_mixer=Identity, the attention-only models of its and ReBased's MQAR figures: the
+    # block returns ln_2 of its stream and the next block (or ln_f) adds that to the residual.
+    identity_state_mixer: bool = False
+    # Kernel size of a depthwise causal convolution on each block's attention input (after
+    # ln_1, before c_attn), the "short convolution" of Based/ReBased; 0 = none (GPT-2).
+    short_conv: int = 0
+    # Compute the head and the loss only at the first K labelled targets (!= -1) of each row
+    # (sparse-label tasks such as MQAR, where an 8192-way head at every token would dominate);
+    # rows with more than K labelled targets lose the rest. 0 = every position (GPT-2).
+    loss_positions: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            check(
+                getattr(self, name) > 0,
+                f"model.{name}",
+                f"must be positive, got {getattr(self, name)}",
+            )
+        check(
+            self.n_embd % self.n_head == 0,
+            "model.n_embd",
+            f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose n_embd as a "
+            f"multiple of n_head (e.g. {self.n_head * max(1, round(self.n_embd / self.n_head))})",
+        )
+        check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        check_choice(self.dtype, "model.dtype", DTYPES)
+        if isinstance(self.remat, bool):  # the earlier boolean form
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        check_choice(self.remat, "model.remat", REMAT)
+        if isinstance(self.loss_chunk, str):
+            check(
+                self.loss_chunk == "auto",
+                "model.loss_chunk",
+                f"must be an int >= 0 (tokens; 0 = no chunking) or 'auto', got {self.loss_chunk!r}",
+            )
+        else:
+            check(
+                not isinstance(self.loss_chunk, bool) and self.loss_chunk >= 0,
+                "model.loss_chunk",
+                f"must be an int >= 0 (tokens; 0 = no chunking) or 'auto', got {self.loss_chunk!r}",
+            )
+        check(
+            self.short_conv >= 0,
+            "model.short_conv",
+            f"must be >= 0 (0: none), got {self.short_conv}",
+        )
+        check(
+            not (self.identity_state_mixer and self.mlp),
+            "model.identity_state_mixer",
+            "replaces the MLP, so it needs model.mlp: false (set mlp: false or drop the option)",
+        )
+        check(
+            self.loss_positions >= 0,
+            "model.loss_positions",
+            f"must be >= 0 (0: every position), got {self.loss_positions}",
+        )
+
+    @property
+    def is_gpt2(self) -> bool:
+        """The architecture nanoGPT and Hugging Face GPT-2 can represent (MLP, no convolution)."""
+        return self.mlp and self.short_conv == 0
+
+
+@dataclass(frozen=True)
+class ModelConfig(AttentionOptions, ArchConfig):
+    """Everything the model needs, flat and hashable: architecture, attention name, options.
+
+    Build it directly (``ModelConfig(n_layer=2, n_head=2, n_embd=64, attention="LT_chunked")``),
+    from a preset (``ModelConfig.preset("124M")``) or from a run config (``Config.model_config``).
+    """
+
+    attention: str = "softmax"
+    # The variant's own options (``AttentionSpec.extra_options``) as sorted (name, value) pairs:
+    # a tuple, so that the config stays hashable.
+    attention_extra: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        ArchConfig.__post_init__(self)
+        if isinstance(self.attention_extra, dict):
+            object.__setattr__(self, "attention_extra", tuple(sorted(self.attention_extra.items())))
+        shared = {f.name: getattr(self, f.name) for f in fields(AttentionOptions)}
+        attention.validate(self.attention, shared, dict(self.attention_extra), prefix="")
+
+    @property
+    def spec(self) -> attention.AttentionSpec:
+        """The attention variant's spec (``linear_gpt2.attention.spec``)."""
+        return attention.spec(self.attention)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def attention_options(self) -> dict[str, Any]:
+        """The attention options, shared and the variant's own, as keyword arguments for
+        ``attention.get``."""
+        shared = {f.name: getattr(self, f.name) for f in fields(AttentionOptions)}
+        return {**shared, **dict(self.attention_extra)}
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A GPT-2 size by name (``124M``, ``355M``, ``774M``, ``1.6B`` or the Hugging Face names
+        ``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``), with field overrides."""
+        return cls(**{**preset_values(name), **overrides})
+
+
+# nanoGPT's from_pretrained table; head dim is 64 in all four.
+PRESETS: dict[str, dict[str, int]] = {
+    "124M": dict(n_layer=12, n_head=12, n_embd=768),
+    "355M": dict(n_layer=24, n_head=16, n_embd=1024),
+    "774M": dict(n_layer=36, n_head=20, n_embd=1280),
+    "1.6B": dict(n_layer=48, n_head=25, n_embd=1600),
+}
+PRESET_ALIASES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl": "1.6B"}
+
+
+def preset_values(name: str) -> dict[str, int]:
+    canonical = PRESET_ALIASES.get(name, name)
+    if canonical not in PRESETS:
+        check_choice(name, "model.preset", [*PRESETS, *PRESET_ALIASES])
+    return dict(PRESETS[canonical])
