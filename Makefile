@@ -48,13 +48,17 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
+# The layers (pyproject.toml, [tool.importlinter]): platform -> kernels -> attention -> model ->
+# training -> experiments, no cycles. tests/test_layers.py runs the same check in CI.
+LINT_PATHS := linear_gpt2 scripts tests benchmarks docs/examples
 lint: setup
-	$(VENV)/bin/ruff check linear_gpt2 scripts tests benchmarks
-	$(VENV)/bin/ruff format --check linear_gpt2 scripts tests benchmarks
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 format: setup
-	$(VENV)/bin/ruff check --fix linear_gpt2 scripts tests benchmarks
-	$(VENV)/bin/ruff format linear_gpt2 scripts tests benchmarks
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -71,7 +71,10 @@ def spec(name: str) -> AttentionSpec:
         return _spec_of(importlib.import_module(f"linear_gpt2.attention.{BUILTIN[name]}"), name)
     eps = _entry_points()
     if name in eps:
-        return _spec_of(eps[name].load(), name)
+        try:
+            return _spec_of(eps[name].load(), name)
+        except AttributeError:
+            return _spec_of(None, f"{name} ({eps[name].value})")
     if "." in name or ":" in name:
         module_path, _, attr = name.partition(":")
         try:
@@ -84,7 +87,7 @@ def spec(name: str) -> AttentionSpec:
                     f"package that holds it or add its directory to PYTHONPATH"
                 ) from None
             raise
-        return _spec_of(getattr(module, attr) if attr else module, name)
+        return _spec_of(getattr(module, attr, None) if attr else module, name)
     valid = names()
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -95,9 +98,10 @@ def spec(name: str) -> AttentionSpec:
 
 
 def _spec_of(obj: object, name: str) -> AttentionSpec:
+    """``obj`` itself if it is a spec, or a module's ``SPEC``; else a one-line error."""
     found = getattr(obj, "SPEC", None) if isinstance(obj, ModuleType) else obj
     if not isinstance(found, AttentionSpec):
-        where = obj.__name__ if isinstance(obj, ModuleType) else repr(obj)
+        where = f"module {obj.__name__}" if isinstance(obj, ModuleType) else "it"
         raise UnknownAttentionError(
             f"attention {name!r}: {where} defines no SPEC = AttentionSpec(...) (see "
             f"linear_gpt2.attention.spec)"

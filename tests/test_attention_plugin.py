@@ -1,0 +1,276 @@
+"""A researcher's own attention variant, outside the package, through every entry point.
+
+The variant is docs/examples/tempered_attention.py (the README's example), copied into a package
+of a temporary directory and selected by module path: the library learns everything from its
+``SPEC``. Also: the registry's other ways in (entry points), the decoder every variant gets
+without writing one, and the rule that no library module outside ``attention/`` branches on a
+built-in variant's or kernel's name.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linear_gpt2 import attention
+from linear_gpt2.attention import registry
+from linear_gpt2.attention.spec import FAMILIES, AttentionSpec, quadratic_flops
+from linear_gpt2.model import ModelConfig, count_params, init_params, param_shapes
+from linear_gpt2.model.flops import flops_per_token
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.config import load_config
+from tests.helpers import rel_err
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "docs" / "examples" / "tempered_attention.py"
+NAME = "my_lab.tempered_attention"
+TINY = [
+    "data.source=synthetic",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.block_size=32",
+    "data.context=32",
+    "train.tokens_per_update=64",
+    "train.micro_batch=2",
+    "train.warmup_steps=1",
+    "log.wandb=disabled",
+    "log.eval_every=0",
+    "checkpoint.async_save=false",
+]
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """A package ``my_lab`` outside the repository holding the example variant, importable."""
+    pkg = tmp_path / "lab" / "my_lab"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tempered_attention.py").write_text(EXAMPLE.read_text())
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    yield pkg.parent
+    for mod in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
+        del sys.modules[mod]
+    registry.spec.cache_clear()
+
+
+def _run(root: Path, lab: Path, script: str, *args: str, timeout: int = 600):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{ROOT}{os.pathsep}{lab}"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=timeout,
+    )
+
+
+def test_the_example_is_softmax_at_temperature_one_and_sharper_below(lab):
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 13, 3, 8)) for i in range(3))
+    ours = attention.get(NAME, temperature=1.0)(q, k, v)
+    assert rel_err(ours, attention.get("softmax")(q, k, v)) < 1e-6
+    # tau = 0.5 doubles every logit: the same as softmax of 2 q against k.
+    half = attention.get(NAME, temperature=0.5)(q, k, v)
+    assert rel_err(half, attention.get("softmax")(2 * q, k, v)) < 1e-6
+
+
+def test_config_takes_the_module_path_and_its_own_option(lab):
+    cfg = load_config(None, [*TINY, f"attention.name={NAME}", "attention.temperature=0.5"])
+    assert cfg.attention.extra == {"temperature": 0.5}
+    assert dict(cfg.model_config.attention_extra) == {"temperature": 0.5}
+    assert cfg.model_config.attention_options()["temperature"] == 0.5
+    # The saved form loads back to the same config (what checkpoints and sweeps compare).
+    again = load_config(None, [*TINY, f"attention.name={NAME}", "attention.extra.temperature=0.5"])
+    assert again == cfg
+    with pytest.raises(ConfigError, match=r"attention.temperature: temperature must be > 0"):
+        load_config(None, [*TINY, f"attention.name={NAME}", "attention.temperature=0"])
+    with pytest.raises(ConfigError, match=r"attention.temprature.*did you mean 'temperature'"):
+        load_config(None, [*TINY, f"attention.name={NAME}", "attention.temprature=2"])
+    with pytest.raises(ConfigError, match=r"attention.decay.*takes no decay gates"):
+        load_config(None, [*TINY, f"attention.name={NAME}", "attention.decay=gate"])
+    with pytest.raises(ConfigError, match=r"no module 'my_lib' on the Python path"):
+        load_config(None, [*TINY, "attention.name=my_lib.nothing"])
+
+
+def test_flops_and_decoder_come_from_the_spec(lab):
+    cfg = ModelConfig(
+        n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, attention=NAME,
+        attention_extra={"temperature": 0.7},
+    )  # fmt: skip
+    n = count_params(param_shapes(cfg), non_embedding=False)
+    # quadratic_flops: 4 T D per head and layer, forward; 3x for training, plus 6 N.
+    assert flops_per_token(cfg, n, 16) == 6 * n + 3 * 2 * 2 * 4 * 16 * 16
+    params = init_params(cfg, seed=0)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), params,
+                                     init_params(cfg.replace(attention="softmax", attention_extra=()), seed=0)))  # fmt: skip
+    from linear_gpt2.model import sampling
+
+    prompt = jnp.asarray([[3, 1, 4, 1, 5]])
+    fast = sampling.generate(params, cfg, prompt, 6, temperature=0.0)
+    slow = sampling.greedy_by_recompute(params, cfg, prompt, 6)
+    np.testing.assert_array_equal(np.asarray(fast), np.asarray(slow))
+
+
+def test_recompute_decoder_keeps_the_decoder_contract():
+    """A spec without a decoder of its own gets one: T steps equal the full-sequence function,
+    and a prefill in two parts equals one, with document resets and decay gates passed on."""
+    fn = attention.get("LT_chunked", chunk_size=4)
+    spec = AttentionSpec(name="no_decoder", family="linear", make=lambda: fn,
+                         flops=quadratic_flops, resets=True, decay=True)  # fmt: skip
+    dec = spec.decoder()
+    assert dec.kind == "recompute"
+    B, T, H, D = 2, 8, 2, 4
+    q, k, v = (jax.random.normal(jax.random.key(i), (B, T, H, D)) for i in range(3))
+    resets = jnp.zeros((B, T), bool).at[0, 5].set(True)
+    gate = -jax.random.uniform(jax.random.key(9), (B, T, H))
+    full = fn(q, k, v, resets=resets, log_gate=gate)
+    state = dec.init(B, H, D, T, jnp.float32)
+    steps = []
+    for t in range(T):
+        y, state = dec.step(state, q[:, t], k[:, t], v[:, t], reset=resets[:, t],
+                            log_gate=gate[:, t])  # fmt: skip
+        steps.append(y)
+    assert rel_err(jnp.stack(steps, 1), full) < 1e-6
+    state = dec.init(B, H, D, T, jnp.float32)
+    y1, state = dec.prefill(state, q[:, :3], k[:, :3], v[:, :3], resets=resets[:, :3],
+                            log_gate=gate[:, :3])  # fmt: skip
+    y2, _ = dec.prefill(state, q[:, 3:], k[:, 3:], v[:, 3:], resets=resets[:, 3:],
+                        log_gate=gate[:, 3:])  # fmt: skip
+    assert rel_err(jnp.concatenate([y1, y2], 1), full) < 1e-6
+
+
+def test_an_entry_point_registers_a_short_name(lab, tmp_path, monkeypatch):
+    dist = tmp_path / "lab" / "my_lab-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my_lab\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        f"[{registry.ENTRY_POINTS}]\ntempered = {NAME}\nbroken = my_lab:NOTHING\n"
+    )
+    importlib.invalidate_caches()
+    registry.spec.cache_clear()
+    assert "tempered" in attention.names()
+    assert attention.spec("tempered") is attention.spec(NAME)
+    assert load_config(None, [*TINY, "attention.name=tempered"]).model_config.spec.family == (
+        "softmax"
+    )
+    with pytest.raises(ConfigError, match=r"attention.name: .*defines no SPEC"):
+        load_config(None, [*TINY, "attention.name=broken"])
+
+
+@pytest.mark.slow
+def test_a_variant_of_ones_own_through_every_entry_point(lab, tmp_path):
+    """train (2 steps, MFU from the spec's FLOPs), sample (recompute decoder), bench_step --tiny
+    and plot_runs, each a subprocess that imports the variant by module path."""
+    run_dir = tmp_path / "runs" / "tempered"
+    overrides = [*TINY, f"attention.name={NAME}", "attention.temperature=0.5",
+                 "train.max_steps=2", "checkpoint.every=2", f"log.run_dir={run_dir}",
+                 "log.peak_tflops=1.0"]  # fmt: skip
+    proc = _run(tmp_path, lab, "scripts/train.py", str(ROOT / "configs/default.yaml"), *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    cfg = load_config(ROOT / "configs" / "default.yaml", overrides).model_config
+    n = count_params(param_shapes(cfg), non_embedding=False)
+    per_update = flops_per_token(cfg, n, 32) * 64
+    for r in records:
+        assert r["mfu"] == pytest.approx(per_update / r["step_time_s"] / 1e12, rel=1e-9)
+
+    proc = _run(tmp_path, lab, "scripts/sample.py", str(run_dir), "--prompt", "Hello",
+                "--tokens", "5", "--temperature", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip()
+
+    out = tmp_path / "bench"
+    proc = _run(tmp_path, lab, "scripts/bench_step.py", "--tiny", "--attentions", NAME,
+                "softmax", "--contexts", "64", "--repeats", "1", "--warmup", "1", "--out",
+                str(out), "--stem", "tiny")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["attention"]: r for r in json.loads((out / "tiny.json").read_text())["results"]}
+    assert rows[NAME]["status"] == "ok" and rows["softmax"]["status"] == "ok"
+
+    figs = tmp_path / "figs"
+    proc = _run(tmp_path, lab, "scripts/plot_runs.py", str(run_dir.parent), "--out", str(figs))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(figs.glob("learning_curves_*.png")) and (figs / "context_table.md").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Nothing outside attention/ (and the kernels' own folders) branches on a variant's name
+
+
+def _builtin_names() -> set[str]:
+    kernels = {k for n in attention.names() for k in attention.spec(n).kernels}
+    return set(registry.BUILTIN) | (kernels - {"auto", "xla"})
+
+
+def _branches_on(node: ast.AST, names: set[str]) -> list[str]:
+    """String literals among ``names`` compared with ``==``, ``!=``, ``in``, ``not in`` (alone
+    or in a tuple, list or set), or matched in a ``match`` case."""
+    found = []
+
+    def literals(expr):
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            yield expr.value
+        elif isinstance(expr, (ast.Tuple, ast.List, ast.Set)):
+            for e in expr.elts:
+                yield from literals(e)
+
+    def about_family(expr) -> bool:  # "softmax" is a family name too: family == "softmax" is fine
+        for x in ast.walk(expr):
+            name = x.attr if isinstance(x, ast.Attribute) else getattr(x, "id", "")
+            if isinstance(x, ast.Call):
+                name = getattr(x.func, "attr", getattr(x.func, "id", ""))
+            if "fam" in name:
+                return True
+        return False
+
+    for n in ast.walk(node):
+        if isinstance(n, ast.Compare):
+            operands = (n.left, *n.comparators)
+            family = any(about_family(e) for e in operands)
+            for expr in operands:
+                found += [f"line {n.lineno}: {s!r}" for s in literals(expr)
+                          if s in names and not (family and s in FAMILIES)]  # fmt: skip
+        elif isinstance(n, ast.match_case):
+            for sub in ast.walk(n.pattern):
+                if isinstance(sub, ast.MatchValue):
+                    found += [f"line {n.pattern.lineno}: {s!r}" for s in literals(sub.value)
+                              if s in names]  # fmt: skip
+    return found
+
+
+def test_no_library_module_outside_attention_branches_on_a_builtin_name():
+    names = _builtin_names()
+    package = ROOT / "linear_gpt2"
+    offenders = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.parts[0] in ("attention", "kernels"):
+            continue  # the variants and their kernels decide about themselves
+        hits = _branches_on(ast.parse(path.read_text()), names)
+        if hits:
+            offenders[str(rel)] = hits
+    assert not offenders, offenders
+
+
+def test_the_branch_finder_finds_branches():
+    code = (
+        "if name == 'LT_chunked': pass\n"
+        "x = kernel in ('pallas', 'xla')\n"
+        "match a:\n    case 'flash': pass\n"
+        "table = {'softmax': 1}\n"  # data keyed by a name: fine
+        "ok = spec.family == 'softmax'\n"  # a family, not a variant
+    )
+    hits = _branches_on(ast.parse(code), _builtin_names())
+    assert [h.split(": ")[1] for h in hits] == ["'LT_chunked'", "'pallas'", "'flash'"]
