@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 
 from linear_gpt2 import attention
-from linear_gpt2.model.gpt import document_starts
-from linear_gpt2.model import forward, init_params, loss_fn
-from linear_gpt2.model import interop
-from linear_gpt2.model.layers import retnet_gammas
+from linear_gpt2.model import forward, init_params, interop, loss_fn
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.gpt import document_starts
+from linear_gpt2.model.layers import retnet_gammas
 from linear_gpt2.model.tokenizer import EOT
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.config import load_config

@@ -12,11 +12,11 @@ import numpy as np
 import optax
 import pytest
 
-from linear_gpt2.model import gpt as model_lib
 from linear_gpt2.model import diagnostics, init_params
-from linear_gpt2.model.gpt import document_starts
+from linear_gpt2.model import gpt as model_lib
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.gpt import document_starts
 from linear_gpt2.training.config import TrainConfig
 from linear_gpt2.training.optim import optimizer
 from linear_gpt2.training.sharding import make_mesh

@@ -7,8 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from linear_gpt2.model import interop
-from linear_gpt2.model import param_shapes
+from linear_gpt2.model import interop, param_shapes
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.interop import (
     CheckpointError,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from linear_gpt2.model import count_params, forward, init_params, loss_fn
-from linear_gpt2.model.loss import cross_entropy
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.loss import cross_entropy
 from tests.helpers import rel_err
 
 TINY = dict(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)

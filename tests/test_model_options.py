@@ -6,10 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2.model.layers import ShortConv
-from linear_gpt2.model import correct, decode_init, forward, init_params, loss_fn
-from linear_gpt2.model import interop
+from linear_gpt2.model import correct, decode_init, forward, init_params, interop, loss_fn
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.layers import ShortConv
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 # Jitted (the config is static): op-by-op Flax is slow on a loaded CPU.

@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2.model import init_params
-from linear_gpt2.model import sampling
+from linear_gpt2.model import init_params, sampling
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.training import trained
 
