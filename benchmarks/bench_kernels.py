@@ -12,7 +12,7 @@ goes on), measure:
 - ``fwd+bwd``: ``jit(lambda q, k, v, dy: vjp(attention, q, k, v)[1](dy))``;
 
 median wall time of ``--repeats`` runs after ``--warmup`` runs, each ``block_until_ready``, and
-TFLOP/s from ``linear_gpt2.flops`` (the algorithm's matmul FLOPs, not halved for causality, x3
+TFLOP/s from ``linear_gpt2.model.flops`` (the algorithm's matmul FLOPs, not halved for causality, x3
 for forward+backward, as the MFU numbers count them). cuDNN flash attention (``flash`` with
 ``kernel=cudnn``) is in the same run on a GPU. A configuration slower than ``--max-seconds`` is
 not run at longer T (``LT_attention`` and ``LT_state`` loop over positions).

@@ -83,7 +83,7 @@ def attention(p: dict, tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.nd
 
 def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192, **task) -> dict:
     """The statistics of the module docstring, averaged over the first ``examples`` held-out
-    examples of MQAR (L, N); ``task``: more arguments of ``linear_gpt2.data.mqar.example``
+    examples of MQAR (L, N); ``task``: more arguments of ``linear_gpt2.training.data.mqar.example``
     (``power_a``, ``random_non_queries``)."""
     sums: dict[str, list[float]] = {}
 

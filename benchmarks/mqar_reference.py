@@ -4,7 +4,7 @@ softmax did not learn Zoology's cells (``benchmarks/results/mqar_cpu.md``, notes
 
 Two attention-only pre-LN layers, one head, learned positions, tied head, no biases, trained with
 optax AdamW (clip 1.0, b2 0.95, weight decay 0.1 on everything, warmup 50 + cosine) on the
-library's MQAR generator (``linear_gpt2.data.mqar.example``), batch 64. Prints the held-out
+library's MQAR generator (``linear_gpt2.training.data.mqar.example``), batch 64. Prints the held-out
 accuracy (first 512 test examples) every 250 updates and stops at 99%:
 
     python benchmarks/mqar_reference.py                    # (L, N) = (64, 4), vocab 8192, lr 3e-3

@@ -12,7 +12,7 @@ the table gives FLOPs, bytes to and from HBM, programs launched, chunks walked i
 program, and the lower-bound time from ``linear_gpt2.kernels.lt_chunked.cost``: the roofline at
 the H100's peaks (989 TFLOP/s dense bf16, 3.35 TB/s) divided by the share of the 132 SMs the
 launch can occupy. Totals add ``cost.LAUNCH_SECONDS`` per launch (an assumption). The registers,
-shared memory and spill columns are compile measurements (deviceless, ``linear_gpt2.target``) of
+shared memory and spill columns are compile measurements (deviceless, ``linear_gpt2.platform.target``) of
 the same kernels at T = 4096; the old kernel's come from compiling it at commit 5d0586d (it is
 no longer in the tree). ``kernel=pallas`` picks the design with the lower modelled total, the
 ``auto`` column. A second section prices the alternatives behind the block sizes chosen in
@@ -196,7 +196,7 @@ def markdown(rows, summary, picks, env, resources, compiled: bool) -> str:
         f"{cost.LAUNCH_SECONDS * 1e6:.0f} us per launch (assumed). "
         + (
             "Registers, shared memory and spills are compile measurements (deviceless, "
-            f"`linear_gpt2.target`, T={COMPILE_T}); the old kernel's at commit 5d0586d."
+            f"`linear_gpt2.platform.target`, T={COMPILE_T}); the old kernel's at commit 5d0586d."
             if compiled
             else "Registers and shared memory not compiled in this run (--no-compile)."
         ),

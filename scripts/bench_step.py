@@ -145,7 +145,7 @@ def frontier_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    """The command line; returns the exit code (see ``linear_gpt2.platform.cli``)."""
     return cli.run(_main, argv)
 
 

@@ -219,7 +219,7 @@ def run_step(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    """The command line; returns the exit code (see ``linear_gpt2.platform.cli``)."""
     return cli.run(_main, argv)
 
 

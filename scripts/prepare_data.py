@@ -23,7 +23,7 @@ from linear_gpt2.platform import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    """The command line; returns the exit code (see ``linear_gpt2.platform.cli``)."""
     return cli.run(_main, argv)
 
 

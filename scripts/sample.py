@@ -7,7 +7,7 @@
 
 PATH is a run directory (its latest checkpoint), a checkpoints directory, or one checkpoint's
 step directory. Decoding keeps a KV cache for softmax/flash and the constant-size recurrent state
-for the linear attentions (``linear_gpt2.sampling``); ids beyond GPT-2's 50257 (the padded part
+for the linear attentions (``linear_gpt2.model.sampling``); ids beyond GPT-2's 50257 (the padded part
 of the vocabulary) are never sampled. A prompt longer than ``block_size - --tokens`` loses its
 beginning, with a warning that says how many tokens the model sees. Bad values and unreadable
 checkpoints end with one line ``error: ...`` (exit 2 for arguments, 1 for checkpoints;
@@ -27,7 +27,7 @@ from linear_gpt2.platform import cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    """The command line; returns the exit code (see ``linear_gpt2.platform.cli``)."""
     return cli.run(_main, argv)
 
 

@@ -46,7 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code (see ``linear_gpt2.cli``)."""
+    """The command line; returns the exit code (see ``linear_gpt2.platform.cli``)."""
     return cli.run(_main, argv)
 
 

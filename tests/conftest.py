@@ -32,7 +32,7 @@ for var, value in {
 
 # XLA's CPU backend at LLVM -O0: the suite is mostly compilation of small programs, and this
 # cuts its compile time by about a third (measured: tests/test_model_options.py 40 s -> 26 s)
-# without slowing the long-sequence tests. Programs compiled for the H100 (linear_gpt2.target)
+# without slowing the long-sequence tests. Programs compiled for the H100 (linear_gpt2.platform.target)
 # set the real optimisation level explicitly. Subprocesses inherit it; a user's flags stay.
 _FAST_CPU_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):

@@ -80,8 +80,10 @@ def test_config_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
     assert debug.stderr.strip().splitlines()[-1].startswith("error: unknown config key")
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("model:\n  n_layer: [1\n")
-    assert_error(run("linear_gpt2.config", bad_yaml), 2, str(bad_yaml), "not valid YAML", "line")
-    env_debug = run("linear_gpt2.config", tmp_path / "none.yaml", env={cli.DEBUG_ENV: "1"})
+    assert_error(
+        run("linear_gpt2.training.config", bad_yaml), 2, str(bad_yaml), "not valid YAML", "line"
+    )
+    env_debug = run("linear_gpt2.training.config", tmp_path / "none.yaml", env={cli.DEBUG_ENV: "1"})
     assert env_debug.returncode == 2 and "Traceback" in env_debug.stderr
 
 
@@ -345,7 +347,7 @@ def test_entry_points_write_nothing_under_home(tmp_path):
         json.dumps({"base": str(ROOT / "configs/default.yaml"), "grid": {"seed": [0, 1]}})
     )
     ok(s("sweep.py"), str(sweep), "--dry-run", *train_args)
-    ok("-m", "linear_gpt2.config", str(ROOT / "configs/default.yaml"))
+    ok("-m", "linear_gpt2.training.config", str(ROOT / "configs/default.yaml"))
     bench = ("--tiny", "--attentions", "softmax", "--out", str(tmp_path / "bench"))
     ok(s("bench_step.py"), *bench, "--contexts", "64", "--no-plot", "--repeats", "1")
     ok(s("bench_sample.py"), *bench, "--contexts", "64", "--steps", "1", "--rounds", "1")

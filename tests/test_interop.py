@@ -1,4 +1,4 @@
-"""``linear_gpt2.interop``: layouts, exact round trips, files, and the errors for checkpoints that
+"""``linear_gpt2.model.interop``: layouts, exact round trips, files, and the errors for checkpoints that
 do not fit. (Numerical parity with the torch models: test_parity_hf.py, test_parity_nanogpt.py.)"""
 
 from __future__ import annotations

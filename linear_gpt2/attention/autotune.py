@@ -12,7 +12,7 @@ Cost control: each candidate is compiled once, run ``warmup`` times, then timed 
 (median, ``block_until_ready``). Off a GPU the fused kernels run in Pallas interpret mode, whose
 timings say nothing about the GPU, so there the choice is the heuristic (64, or the candidate
 nearest to it) without measuring and without caching; so is it when compiling for a GPU
-target that this machine does not have (``linear_gpt2.target``).
+target that this machine does not have (``linear_gpt2.platform.target``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ A sweep file (YAML, see ``configs/sweeps/``)::
     name_keys: [data.context, attention.name]   # optional: which keys name the runs
     slurm: {gpus_per_node: 8, time: "24:00:00"} # optional: sbatch options for --slurm
 
-Each point becomes overrides for :func:`linear_gpt2.config.load_config`, plus ``log.name`` (built
+Each point becomes overrides for :func:`linear_gpt2.training.config.load_config`, plus ``log.name`` (built
 from the keys that vary across points, e.g. ``ctx4096_LT_chunked_c64``), ``log.run_dir`` and
 ``log.wandb_group`` (the sweep's name, so wandb groups the runs); command-line overrides apply to
 every point, last.

@@ -163,8 +163,8 @@ def diagnostics(
     segment_ids: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
     """Per-layer attention statistics of a forward pass (no dropout), ``{name: float32
-    [n_layer]}`` with the names of :data:`linear_gpt2.diagnostics.LAYER_STATS` that apply (see
-    :func:`linear_gpt2.diagnostics.layer_stats`). Only this function makes the statistics'
+    [n_layer]}`` with the names of :data:`linear_gpt2.model.layer_stats.LAYER_STATS` that apply (see
+    :func:`linear_gpt2.model.layer_stats.layer_stats`). Only this function makes the statistics'
     collection mutable, so no other program (the training step) computes them."""
     _, state = GPT(config).apply(
         {"params": params},

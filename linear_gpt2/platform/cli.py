@@ -14,13 +14,13 @@ Use it as the last line of a script::
 (the scripts in ``scripts/`` expose ``main(argv=None) -> int`` as ``cli.run(_main, argv)``, so
 tests can call them and check the exit code without a subprocess.)
 
-:func:`run` first points tool caches away from ``$HOME`` (:func:`linear_gpt2.env.configure`),
+:func:`run` first points tool caches away from ``$HOME`` (:func:`linear_gpt2.platform.env.configure`),
 then calls ``main(argv)`` and turns the project's expected failures into one line on stderr,
 ``error: <message>``, and an exit code:
 
-- 2: usage errors (:class:`~linear_gpt2.errors.UsageError`: a bad config key or value, argument,
+- 2: usage errors (:class:`~linear_gpt2.platform.errors.UsageError`: a bad config key or value, argument,
   sweep file or prompt; argparse's own errors also exit 2);
-- 1: everything else that is expected (:class:`~linear_gpt2.errors.RunError`: damaged or missing
+- 1: everything else that is expected (:class:`~linear_gpt2.platform.errors.RunError`: damaged or missing
   data, shards, checkpoints, a missing device, kernel or optional package, a non-finite loss, out
   of memory), plus operating-system errors (a missing file, a full disk) and missing packages;
 - 130: interrupted (Ctrl-C).
@@ -29,9 +29,9 @@ The traceback is printed only with ``--debug`` (anywhere on the command line) or
 ``LINEAR_GPT2_DEBUG=1``. An exception the project does not expect (a bug) is printed with its
 traceback in any case, since the one line would not be enough to fix it.
 
-Library code raises the classes of :mod:`linear_gpt2.errors` with messages that name the file,
-key or value and the fix; :class:`~linear_gpt2.errors.MissingDependencyError` (or
-:func:`~linear_gpt2.errors.require`) names the ``pip install`` command of an optional package.
+Library code raises the classes of :mod:`linear_gpt2.platform.errors` with messages that name the file,
+key or value and the fix; :class:`~linear_gpt2.platform.errors.MissingDependencyError` (or
+:func:`~linear_gpt2.platform.errors.require`) names the ``pip install`` command of an optional package.
 """
 
 from __future__ import annotations

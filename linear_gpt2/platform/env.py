@@ -4,7 +4,7 @@ wandb (debug logs, artifact cache, settings), Hugging Face ``datasets``/``huggin
 (lock files, dataset cache), matplotlib (font cache), Triton and the CUDA JIT all default to
 ``~/.cache``, ``~/.config`` or ``~/.triton``. :func:`configure` points each of them at the project's
 cache directory instead, once, before those libraries are imported; every entry point calls it
-(through :func:`linear_gpt2.cli.run`). A variable the user has set is never changed.
+(through :func:`linear_gpt2.platform.cli.run`). A variable the user has set is never changed.
 
 The cache directory is ``$LINEAR_GPT2_CACHE`` if set, else ``<repository>/.cache`` for a source
 checkout (what ``make`` uses too), else ``./.cache``. Run-specific output (the wandb run, plots,

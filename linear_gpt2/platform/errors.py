@@ -1,6 +1,6 @@
 """The project's expected failures: what the library raises when a run cannot go on.
 
-Two families, told apart by who has to act (``linear_gpt2.cli`` maps them to exit codes):
+Two families, told apart by who has to act (``linear_gpt2.platform.cli`` maps them to exit codes):
 
 - :class:`UsageError` (exit 2): the command as given cannot run; fixing the arguments, the config
   or a file the user wrote (a sweep file, a prompt) fixes it. ``ValueError`` subclass.
@@ -20,7 +20,7 @@ import importlib
 
 
 class LinearGPT2Error(Exception):
-    """Base of every expected failure; ``exit_code`` is what ``linear_gpt2.cli`` exits with."""
+    """Base of every expected failure; ``exit_code`` is what ``linear_gpt2.platform.cli`` exits with."""
 
     exit_code = 1
 

@@ -18,7 +18,7 @@ each shard's size (a whole number of tokens, the count the index records) and ev
 (below the tokenizer's vocabulary, one vectorised pass over the memory map). A shard that passed
 is remembered in ``validated.json`` beside the index (size, mtime and largest id), so later opens
 only ``stat`` the files; a shard rewritten since is scanned again. Where the split directory is
-read-only, the record goes to the project cache (:func:`linear_gpt2.env.cache_root`).
+read-only, the record goes to the project cache (:func:`linear_gpt2.platform.env.cache_root`).
 """
 
 from __future__ import annotations
