@@ -51,10 +51,8 @@ print(STEP_TIME_RESULTS, SAMPLE_TIME_RESULTS)
     new_code_cell(
         """\
 import json
+from linear_gpt2.experiments import axes, plots
 from linear_gpt2.experiments import step_time as bench
-from linear_gpt2.experiments import plots
-from linear_gpt2.experiments import axes
-from linear_gpt2.experiments import runs
 
 data = bench.read_results(STEP_TIME_RESULTS)
 results = data["results"]
@@ -156,7 +154,7 @@ LOSS = [
         "The post's learning study: GPT-2 trained for 24 hours on C4 at four contexts with "
         "flash softmax and LT_chunked. Runs are read from run directories (`config.yaml` + "
         "`metrics.jsonl`, e.g. the output of `scripts/sweep.py configs/sweeps/post_learning_*`)"
-        "; `linear_gpt2.runs.load_wandb_runs` reads the same from a wandb project."
+        "; `linear_gpt2.experiments.runs.load_wandb_runs` reads the same from a wandb project."
     ),
     new_code_cell(
         SETUP
@@ -170,9 +168,10 @@ print(RUNS_DIR)
     ),
     new_code_cell(
         """\
-from linear_gpt2.experiments import plots
+from linear_gpt2.experiments import axes, plots
+from linear_gpt2.experiments import runs as runs_lib
 
-runs = runs.find_runs([RUNS_DIR])
+runs = runs_lib.find_runs([RUNS_DIR])
 sizes = list(dict.fromkeys(r.size for r in runs))
 print(f"{len(runs)} runs: " + ", ".join(r.name for r in runs))
 """
@@ -194,7 +193,7 @@ for size in sizes:
     ),
     new_code_cell(
         """\
-table = runs.final_loss_table(runs)
+table = runs_lib.final_loss_table(runs)
 lines = ["| size | context | softmax | linear | gap |", "|---|---|---|---|---|"]
 keys = sorted({(r["size"], r["context"]) for r in table}, key=lambda k: (k[0], k[1]))
 for size, ctx in keys:
@@ -265,11 +264,12 @@ for att in dict.fromkeys(r["attention"] for r in rows if r["protocol"] == "mqar-
     new_code_cell(
         """\
 from linear_gpt2.experiments import plots
+from linear_gpt2.experiments import runs as runs_lib
 
-runs = runs.find_runs([CONTEXT_RUNS])
-table = runs.context_table(runs)
+runs = runs_lib.find_runs([CONTEXT_RUNS])
+table = runs_lib.context_table(runs)
 print(f"{len(runs)} runs: " + ", ".join(r.name for r in runs))
-display(Markdown(runs.context_table_markdown(table)))
+display(Markdown(runs_lib.context_table_markdown(table)))
 gaps = {}
 for x in table:
     if x["gap"] is not None and not x["baseline"]:
