@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2.model import init_params
+from linear_gpt2.model import count_params, init_params
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.flops import device_peak_flops, flops_per_token
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.checkpoint import IncompatibleCheckpointError
 from linear_gpt2.training.config import DataConfig, load_config
@@ -332,6 +333,39 @@ def test_max_hours_ends_the_run_with_a_checkpoint(setup):
     result = train(cfg)
     assert result.stopped_by == "max_hours" and result.last_step == 1
     assert (root / "budget" / "checkpoints" / "1").exists()
+
+
+def test_mfu_is_logged_against_the_configured_peak_on_a_device_the_table_lacks(setup):
+    """``log.peak_tflops`` gives MFU where ``flops.py``'s table has no entry (CPU here): each
+    record's ``mfu`` is the update's model FLOPs / its step time / (peak x devices), and
+    ``model_tflops`` the same FLOP rate per device."""
+    root, config, base = setup
+    peak_tflops = 0.5
+    cfg = load_config(config, [*base, f"log.run_dir={root}/peak", f"log.peak_tflops={peak_tflops}"])
+    assert device_peak_flops() is None  # the table does not know this device
+    train(cfg)
+    records = [json.loads(x) for x in (root / "peak" / "metrics.jsonl").read_text().splitlines()]
+    n_params = count_params(jax.eval_shape(lambda: init_params(cfg.model_config)), False)
+    flops_update = flops_per_token(cfg.model_config, n_params, 16) * cfg.train.tokens_per_update
+    devices = jax.device_count()
+    assert len(records) == cfg.train.max_steps
+    for r in records:
+        want = flops_update / r["step_time_s"] / (peak_tflops * 1e12 * devices)
+        assert r["mfu"] == pytest.approx(want, rel=1e-9), r
+        model_tflops = flops_update / r["step_time_s"] / devices / 1e12
+        assert r["model_tflops"] == pytest.approx(model_tflops, rel=1e-9), r
+    # Without it, the table decides: no MFU on CPU, the achieved rate all the same.
+    train(load_config(config, [*base, f"log.run_dir={root}/no_peak"]))
+    for line in (root / "no_peak" / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        assert r["mfu"] is None and r["model_tflops"] > 0
+
+
+def test_peak_tflops_must_be_positive_or_null():
+    assert load_config(None, ["log.peak_tflops=null"]).log.peak_tflops is None
+    for bad in ("0", "-989"):
+        with pytest.raises(ConfigError, match=r"^log.peak_tflops: must be > 0 or null"):
+            load_config(None, [f"log.peak_tflops={bad}"])
 
 
 def test_batch_plan_holds_tokens_per_update_constant():

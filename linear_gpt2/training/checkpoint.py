@@ -5,22 +5,16 @@ Saving is asynchronous (training continues while the arrays are written) and kee
 run-defining keys differ is refused with the differing keys, so a resumed run cannot silently
 become another experiment.
 
-Damage. Orbax writes a step into ``<step>.orbax-checkpoint-tmp`` and renames it to ``<step>`` only
-when every file is written, so a process killed while saving leaves a temporary directory that is
-never a candidate for resuming (only directories named by a bare number are). Once a step is
-final, :class:`Checkpointer` records the size of every file of it in ``linear_gpt2_files.json``
-inside the step. Before restoring, :meth:`Checkpointer.select` checks the newest step against
-that list (a truncated or removed file, or a removed or truncated list, is damage; a step from
-before the list, or whose list was never written, gets orbax's own markers checked and is then
-restored under watch), plus its JSON metadata and the data-loader positions. A damaged step is
-moved to ``checkpoints/damaged/<step>-<reason>`` (never deleted), a warning names it, and the next
-newest is tried; the run resumes from the newest intact one.
+Damage. Before restoring, :meth:`Checkpointer.select` checks the newest step's files
+(``checkpoint_files.py``: final steps only, each file's recorded size, orbax's markers, its JSON
+metadata) and the data-loader positions. A damaged step is moved to
+``checkpoints/damaged/<step>-<reason>`` (never deleted), a warning names it, and the next newest
+is tried; the run resumes from the newest intact one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
@@ -33,6 +27,17 @@ import jax
 import orbax.checkpoint as ocp
 
 from linear_gpt2.platform.errors import CheckpointError, PathNotFoundError, UsageError
+from linear_gpt2.training.checkpoint_files import (
+    DAMAGED,
+    MANIFEST,
+    check_files,
+    is_unreadable,
+    read_json,
+    short_error,
+    slug,
+    step_dirs,
+    write_manifest,
+)
 from linear_gpt2.training.config import CheckpointConfig, Config, diff, load_config_from_dict
 
 # Keys that may change between a run and its resumption: logging, budgets, and implementation
@@ -50,25 +55,7 @@ MUTABLE_PREFIXES = (
     "model.remat",
     "model.loss_chunk",
 )
-
-MANIFEST = "linear_gpt2_files.json"  # {"step": N, "files": {relative path: size in bytes}}
-DAMAGED = "damaged"
 LOADER_STATE = "loader_state"
-# orbax's markers of a finalized step (besides the rename from <step>.orbax-checkpoint-tmp).
-_REQUIRED = ("_CHECKPOINT_METADATA", "meta/metadata", "state/_METADATA", "state/manifest.ocdbt")
-# What an unreadable (rather than incompatible) checkpoint raises while orbax restores it.
-_DAMAGE_WORDS = (
-    "NOT_FOUND",
-    "DATA_LOSS",
-    "OUT_OF_RANGE",
-    "Error reading",
-    "Error opening",
-    "error while reading",
-    "Unexpected end",
-    "checksum",
-    "not found",
-    "Expecting",
-)
 
 
 class IncompatibleCheckpointError(UsageError):
@@ -78,86 +65,6 @@ class IncompatibleCheckpointError(UsageError):
 
 def _warn_stderr(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def step_dirs(directory: str | Path) -> list[int]:
-    """The finalized step numbers in ``directory`` (subdirectories named by a bare number),
-    ascending. Orbax's temporary directories (``<step>.orbax-checkpoint-tmp...``) are not steps."""
-    d = Path(directory)
-    if not d.is_dir():
-        return []
-    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir())
-
-
-def _file_sizes(root: Path) -> dict[str, int]:
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if rel != MANIFEST:
-                out[rel] = path.stat().st_size
-    return out
-
-
-def write_manifest(step_dir: Path) -> None:
-    """Record the size of every file of a finalized step (atomically)."""
-    record = {"step": int(step_dir.name), "files": _file_sizes(step_dir)}
-    tmp = step_dir / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(record, indent=0, sort_keys=True) + "\n")
-    os.replace(tmp, step_dir / MANIFEST)
-
-
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
-
-
-def check_files(step_dir: Path) -> tuple[str | None, bool]:
-    """``(reason it is damaged or None, verified)`` for one step directory. ``verified`` is true
-    when the step's file list exists and every file has its recorded size."""
-    manifest = step_dir / MANIFEST
-    if manifest.exists():
-        try:
-            files = _read_json(manifest)["files"]
-            assert isinstance(files, dict)
-        except (OSError, ValueError, KeyError, TypeError, AssertionError):
-            return f"unreadable {MANIFEST}", False
-        for rel, size in sorted(files.items()):
-            path = step_dir / rel
-            if not path.is_file():
-                return f"missing {rel}", False
-            have = path.stat().st_size
-            if have != size:
-                return f"truncated {rel} ({have} of {size} bytes)", False
-        verified = True
-    else:
-        verified = False
-        for rel in _REQUIRED:
-            path = step_dir / rel
-            if not path.is_file():
-                return f"missing {rel}", False
-            if path.stat().st_size == 0:
-                return f"truncated {rel} (0 bytes)", False
-    for rel in ("_CHECKPOINT_METADATA", "meta/metadata", "state/_METADATA"):
-        try:
-            _read_json(step_dir / rel)
-        except (OSError, ValueError):
-            return f"unreadable {rel}", False
-    return None, verified
-
-
-def short_error(e: BaseException, limit: int = 240) -> str:
-    """``Type: first line`` of an exception, without TensorStore's multi-kilobyte spec dumps."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    text = text.split(" See full TensorStore details")[0].split(" [tensorstore_spec=")[0]
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def _slug(reason: str) -> str:
-    words = re.sub(r"\(.*?\)", "", reason).strip()
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", words).strip("-")[:80] or "damaged"
 
 
 class Checkpointer:
@@ -221,7 +128,7 @@ class Checkpointer:
         return self.directory.parent / LOADER_STATE / str(step) / f"process_{p}.json"
 
     def read_meta(self, step: int) -> dict[str, Any]:
-        return _read_json(self.directory / str(step) / "meta" / "metadata")
+        return read_json(self.directory / str(step) / "meta" / "metadata")
 
     def check(self, step: int, config: Config | None = None) -> str | None:
         """Why ``step`` cannot be resumed from (damage), or ``None`` when it looks intact.
@@ -249,7 +156,7 @@ class Checkpointer:
             if not path.is_file():
                 return f"missing {rel}"
             try:
-                if not isinstance(_read_json(path), dict):
+                if not isinstance(read_json(path), dict):
                     raise ValueError
             except (OSError, ValueError):
                 return f"unreadable {rel}"
@@ -318,7 +225,7 @@ class Checkpointer:
         """Move step ``step`` (and its loader positions) to ``damaged/<step>-<reason>``."""
         root = self.directory / DAMAGED
         root.mkdir(parents=True, exist_ok=True)
-        dest = root / f"{step}-{_slug(reason)}"
+        dest = root / f"{step}-{slug(reason)}"
         if dest.exists():
             dest = dest.with_name(f"{dest.name}-{time.strftime('%Y%m%dT%H%M%S')}")
         shutil.move(str(self.directory / str(step)), str(dest))
@@ -365,7 +272,7 @@ class Checkpointer:
         """Restore ``step`` into arrays laid out like ``abstract_state`` (shapes and shardings);
         returns the state and this process's data-loader position. Call :meth:`select` first."""
         state = self.restore_state(step, abstract_state)
-        return state, _read_json(self.loader_state_path(step))
+        return state, read_json(self.loader_state_path(step))
 
     def restore_latest(
         self, config: Config | None, abstract_state: Any, *, move_damaged: bool = True
@@ -383,9 +290,7 @@ class Checkpointer:
                 return step, state, data_state
             except Exception as e:  # noqa: BLE001 - classified below
                 first = short_error(e)
-                unreadable = isinstance(e, (OSError, EOFError, json.JSONDecodeError)) or any(
-                    w in str(e) for w in _DAMAGE_WORDS
-                )
+                unreadable = is_unreadable(e)
                 where = self.directory / str(step)
                 if (
                     step in self._verified
