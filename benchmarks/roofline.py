@@ -37,10 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2.experiments import compile_step  # noqa: E402
-from linear_gpt2.platform import target  # noqa: E402
+from linear_gpt2.platform import kernel_report  # noqa: E402
 
 if __name__ == "__main__":
-    target.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
+    kernel_report.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
 
 from linear_gpt2.experiments.provenance import environment  # noqa: E402
 from linear_gpt2.kernels.lt_chunked import cost, plan  # noqa: E402

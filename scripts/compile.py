@@ -224,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2.platform import target
+    from linear_gpt2.platform import kernel_report, target
 
     if "--kernels" in argv or "--attention" in argv:
         # ptxas's register/spill report is an XLA INFO log: enable it before JAX starts.
-        target.enable_ptxas_log()
+        kernel_report.enable_ptxas_log()
     args = parse_args(argv)
     if args.list_targets:
         for t in target.TARGETS.values():

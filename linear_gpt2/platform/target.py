@@ -8,9 +8,9 @@ gives, measured rather than modelled:
 
 - memory (:class:`~linear_gpt2.platform.memory.MemoryReport`) as the H100 program would allocate it, so
   whether a step fits, and the largest context that does, are decided by compiling;
-- per Pallas/Triton kernel (:class:`KernelReport`): grid, threads and shared memory (XLA's thunk
+- per Pallas/Triton kernel (:class:`~linear_gpt2.platform.kernel_report.KernelReport`): grid, threads and shared memory (XLA's thunk
   sequence), and registers and spills from ptxas's ``-v`` output when that log is captured
-  (:func:`enable_ptxas_log`, which ``scripts/compile.py`` calls);
+  (``kernel_report.enable_ptxas_log``, which ``scripts/compile.py`` calls);
 - failures: a kernel over the H100's shared memory fails to compile, and with ``fail_on_spill``
   so does any kernel that spills registers to local memory.
 
@@ -33,10 +33,8 @@ import difflib
 import functools
 import importlib.util
 import math
-import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -49,6 +47,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linear_gpt2.platform.errors import RunError, UsageError
+from linear_gpt2.platform.kernel_report import (
+    KernelReport,
+    captured_stderr,
+    parse_ptxas_log,
+    parse_thunk_sequence,
+    ptxas_log_enabled,
+)
 from linear_gpt2.platform.memory import GiB, MemoryReport, compiled_memory
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "targets"
@@ -179,150 +184,6 @@ def mesh(name: str = DEFAULT, axis: str = "data"):
 
 
 # --------------------------------------------------------------------------------------------
-# Kernel reports: grid/threads/shared memory from XLA's thunk sequence, registers from ptxas
-
-
-@dataclasses.dataclass
-class KernelReport:
-    name: str
-    grid: tuple[int, int, int]
-    threads: tuple[int, int, int]
-    shared_memory: int  # bytes per block
-    registers: int | None = None  # per thread (None: ptxas log not captured)
-    spill_stores: int | None = None  # bytes per thread
-    spill_loads: int | None = None
-    stack_frame: int | None = None
-
-    @property
-    def programs(self) -> int:
-        return math.prod(self.grid)
-
-    @property
-    def threads_per_block(self) -> int:
-        return math.prod(self.threads)
-
-    @property
-    def spills(self) -> int | None:
-        if self.spill_stores is None:
-            return None
-        return self.spill_stores + (self.spill_loads or 0)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "programs": self.programs}
-
-
-_THUNK = re.compile(
-    r"kCustomKernel\b.*?\]\s+(?P<name>\S+)\s+grid:\s*\[(?P<g>[\d,\s]+)\]\s+"
-    r"threads:\s*\[(?P<t>[\d,\s]+)\]\s+shared_memory:\s*(?P<smem>\d+)"
-)
-
-
-def parse_thunk_sequence(text: str, metadata: str | None = None) -> list[KernelReport]:
-    """Kernels of an XLA ``*.thunk_sequence.txt`` dump, in launch order. With ``metadata`` (the
-    ``*.thunk_metadata.txt`` beside it) only the Pallas kernels are kept: every kernel is a
-    ``kCustomKernel`` in XLA's thunk sequence, and the metadata's profile annotation
-    (``pallas_call.N``) is what tells a Pallas kernel from XLA's own fusions."""
-    pallas = None
-    if metadata is not None:
-        pallas = {
-            int(i)
-            for a, i in re.findall(r'profile_annotation: "([^"]*)"\s*thunk_id: (\d+)', metadata)
-            if a.startswith("pallas_call")
-        }
-    out = []
-    for line in text.splitlines():
-        m = _THUNK.search(line)
-        if not m:
-            continue
-        tid = re.match(r"\s*(\d+):", line)
-        if pallas is not None and (tid is None or int(tid[1]) not in pallas):
-            continue
-        g = tuple(int(x) for x in m["g"].replace(" ", "").split(",") if x)
-        t = tuple(int(x) for x in m["t"].replace(" ", "").split(",") if x)
-        out.append(KernelReport(m["name"], g, t, int(m["smem"])))  # type: ignore[arg-type]
-    return out
-
-
-def parse_ptxas_log(text: str) -> dict[str, dict[str, int]]:
-    """``{function: {registers, spill_stores, spill_loads, stack_frame}}`` from ptxas ``-v``
-    output (the last report wins where a function was built more than once)."""
-    out: dict[str, dict[str, int]] = {}
-    current = None
-    for line in text.splitlines():
-        m = re.search(r"Function properties for (\S+)", line)
-        if m:
-            current = m[1]
-            out.setdefault(current, {})
-            continue
-        m = re.search(
-            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
-        )
-        if m and current:
-            out[current].update(
-                stack_frame=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3])
-            )
-            continue
-        m = re.search(r"Used (\d+) registers", line)
-        if m and current:
-            out[current]["registers"] = int(m[1])
-    return out
-
-
-def enable_ptxas_log() -> None:
-    """Make XLA log ptxas's ``-v`` report (registers, spills) for every kernel it builds.
-
-    Must run before JAX's backends start (XLA reads its logging settings once); the
-    ``scripts/compile.py`` command calls it first thing. The log is INFO level: outside a
-    :func:`compile_program` call it would go to stderr, so keep this to compile runs."""
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
-    os.environ["TF_CPP_VMODULE"] = "subprocess_compilation=3"
-
-
-def ptxas_log_enabled() -> bool:
-    return os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0" and "subprocess_compilation" in (
-        os.environ.get("TF_CPP_VMODULE") or ""
-    )
-
-
-_GLOG_INFO = re.compile(r"^I\d{4} \d\d:\d\d:\d\d")
-
-
-@contextlib.contextmanager
-def _captured_stderr(enabled: bool) -> Iterator[list[str]]:
-    """Collect what native code writes to fd 2 (XLA's log) into the yielded list; afterwards
-    write back everything but INFO-level log records, so warnings and errors still show."""
-    box: list[str] = []
-    if not enabled:
-        yield box
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield box
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            text = tmp.read().decode(errors="replace")
-            box.append(text)
-            keep, in_info = [], False
-            for line in text.splitlines():
-                if _GLOG_INFO.match(line):
-                    in_info = True
-                    continue
-                if in_info and (line.startswith(("ptxas", " ", "\t")) or not line.strip()):
-                    continue  # continuation lines of a multi-line INFO record (ptxas output)
-                in_info = False
-                if "failed call to cuInit" not in line:
-                    keep.append(line)
-            if keep:
-                print("\n".join(keep), file=sys.stderr)
-
-
-# --------------------------------------------------------------------------------------------
 # Compiling
 
 
@@ -406,8 +267,8 @@ def compile_program(
 ) -> CompileReport | tuple[CompileReport, Any]:
     """Compile ``jitted(*args)`` for ``target``; ``args`` are ``jax.ShapeDtypeStruct`` carrying
     shardings on :func:`mesh` (or concrete arrays). With ``kernels`` the Pallas/Triton kernels
-    are listed (grid, threads, shared memory; registers and spills if :func:`enable_ptxas_log`
-    ran); with ``fail_on_spill`` a kernel that spills registers is a :class:`CompileError`."""
+    are listed (grid, threads, shared memory; registers and spills if
+    ``kernel_report.enable_ptxas_log`` ran); with ``fail_on_spill`` a kernel that spills registers is a :class:`CompileError`."""
     t = get(target)
     m = _mesh_of(args) or mesh(t.name)
     # The GPU program as a real run compiles it, whatever XLA_FLAGS say: the test suite lowers
@@ -425,7 +286,7 @@ def compile_program(
         options["xla_dump_to"] = dump
     t0 = time.perf_counter()
     try:
-        with _captured_stderr(kernels and ptxas_log_enabled()) as log:
+        with captured_stderr(kernels and ptxas_log_enabled()) as log:
             try:
                 with jax.sharding.use_abstract_mesh(m.abstract_mesh), _cudnn_checks_for(t):
                     lowered = jitted.lower(*args)
