@@ -35,7 +35,7 @@ Which data (``data.source``):
 
 Modules: ``sources`` (documents; the bad-input policy), ``sample`` (the offline corpus),
 ``packing`` (tokenize, pack windows), ``shards`` (pre-tokenized shards: write, read), ``loader``
-(per-host batches, prefetch thread, resumable state, global arrays).
+(per-host batches, resumable state, global arrays), ``prefetch`` (the read-ahead thread).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING
 from linear_gpt2.training.data import shakespeare
 from linear_gpt2.training.data.loader import (
     Loader,
-    Prefetcher,
     StreamSource,
     SyntheticSource,
     TokenizedSource,
@@ -62,6 +61,7 @@ from linear_gpt2.training.data.packing import (
     document_ids,
     split_window,
 )
+from linear_gpt2.training.data.prefetch import Prefetcher
 from linear_gpt2.training.data.sample import ensure_sample
 from linear_gpt2.training.data.shards import TokenShards, prepare_split, read_index
 from linear_gpt2.training.data.sources import DataError, c4_files, check_hub
