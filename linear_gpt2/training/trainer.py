@@ -113,6 +113,8 @@ class _Layout:
 
 
 def _lay_out(cfg: Config) -> _Layout:
+    """The run's layout over every device of every process; refuses (``ConfigError``) a
+    ``tokens_per_update`` that does not split into micro-batches on them."""
     mesh = make_mesh()
     plan = plan_batches(cfg, mesh.devices.size, jax.process_count())
     model_cfg = cfg.model_config
@@ -125,7 +127,9 @@ def _lay_out(cfg: Config) -> _Layout:
     return _Layout(mesh, plan, model_cfg, tx, n_params, abstract_state, sh)
 
 
-def _open(cfg: Config, layout: _Layout, is_main: bool):
+def _open(
+    cfg: Config, layout: _Layout, is_main: bool
+) -> tuple[ckpt_lib.Checkpointer, data_lib.Loader, int, TrainState, jax.Array]:
     """``(checkpointer, training loader, start step, train state, RNG)``: restored from the
     checkpoint ``checkpoint.resume`` names, else a new state at step 0. Everything that can
     refuse this run is checked before anything is written into the run directory."""
