@@ -115,7 +115,7 @@ def context_reading(csv: Raw, post: Raw, *, size: str = "124M") -> str:
         + " / ".join(f"{g:+.3f}" for _, g in plain)
         + " at "
         + " / ".join(str(c) for c, _ in plain)
-        + f". The post's ({size}, 24 hours on 8 H100s, final train loss): "
+        + f". The post's ({size}; {post.data['meta']['settings']['learning']}): "
         + ", ".join(f"{g:+.3f} at {c:,}" for c, g in theirs)
         + ".",
     ]

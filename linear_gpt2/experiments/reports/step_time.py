@@ -91,10 +91,13 @@ def files_table(*raws: Raw) -> str:
         rows = f.data.get("results", f.data.get("rows", []))
         sizes = ", ".join(dict.fromkeys(r["size"] for r in rows))
         settings = {(r.get("remat"), r.get("loss_chunk")) for r in rows if r.get("status") == "ok"}
+        given = str(s.get("remat, loss_chunk", "")).startswith("given")
         if all(a is None for a, _ in settings):
             memory = "not recorded"
         else:
-            memory = "; ".join(sorted(f"{a}, loss chunk {b}" for a, b in settings if a))
+            memory = ("given per point: " if given else "") + "; ".join(
+                sorted(f"{a}, loss chunk {b}" for a, b in settings if a)
+            )
         fraction = s.get("allocator_fraction")
         body.append([
             f"`{f.path}`", prov["how"], sizes, short(prov["commit"]), prov["jax"],
@@ -104,7 +107,7 @@ def files_table(*raws: Raw) -> str:
         ])  # fmt: skip
     return table(
         ["file", "how", "sizes", "commit", "jax", "date", "median of (steps after warm-up)",
-         "allocator share", "memory setting `auto` chose"],
+         "allocator share", "memory setting (`auto`'s choice)"],
         body,
     )  # fmt: skip
 
