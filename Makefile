@@ -15,7 +15,7 @@ export WANDB_MODE ?= offline
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export XDG_CACHE_HOME ?= $(CURDIR)/.cache
 
-.PHONY: setup train test test-fast lint format clean compile frontier
+.PHONY: setup train test test-fast lint format clean compile frontier reports
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ compile: setup
 # (hours on 2 cores; resumable). Writes benchmarks/results/memory_frontier_h100_compiled.*
 frontier: setup
 	$(PY) scripts/bench_step.py --target h100 $(ARGS)
+
+# Every table and number of README.md, docs/ and benchmarks/results/*.md, rendered from the raw
+# files beside them (linear_gpt2/experiments/reports). `make test` checks them (tests/test_reports.py).
+reports: setup
+	$(PY) scripts/render_reports.py
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=15

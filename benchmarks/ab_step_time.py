@@ -1,6 +1,6 @@
 """CPU step time of one config at two commits, side by side: did a change make the step slower?
 
-    python benchmarks/ab_step_time.py --base 315cdb8            # the default run, ~10 minutes
+    python benchmarks/ab_step_time.py --base 315cdb8            # the default run (minutes)
     python benchmarks/ab_step_time.py --base REF --config configs/default.yaml --rounds 3
 
 Checks out ``--base`` into a temporary git worktree (removed afterwards), then runs
@@ -92,11 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     qb, qt = quartiles(times["base"]), quartiles(times["this"])
     ratio = qt[1] / qb[1]
     stem = args.stem or Path(args.config).stem
+    this = head + ("+dirty" if dirty else "")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result = {
+        "meta": {
+            "how": "measured",
+            "environment": {
+                "device_kind": "cpu", "platform": "cpu", "jax_version": _version("jax"),
+                "git_commit": this, "host": platform.node(), "time_utc": now,
+            },
+            "settings": {"remat, loss_chunk": "the config's (auto: the plain step on the CPU)"},
+        },
         "how": "measured on this CPU machine: scripts/train.py run alternately at two commits",
         "config": args.config,
         "base_commit": base,
-        "this_commit": head + ("+dirty" if dirty else ""),
+        "this_commit": this,
         "steps": args.steps,
         "skip": args.skip,
         "rounds": args.rounds,
@@ -107,34 +117,29 @@ def main(argv: list[str] | None = None) -> int:
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+        "time_utc": now,
+    }  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"ab_step_time_{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = [
-        f"# CPU step time of `{args.config}`: {head[:7]} against {base[:7]}",
-        "",
-        f"Measured on this CPU machine ({os.cpu_count()} cores, load average "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end), no GPU: "
-        f"`scripts/train.py` at each commit in turn, {args.rounds} rounds of {args.steps} steps, "
-        f"the first {args.skip} of each run left out. Milliseconds per step: 25th / 50th / 75th "
-        "percentile over all pooled steps.",
-        "",
-        "| commit | p25 | median | p75 |",
-        "|---|---:|---:|---:|",
-        f"| base {base[:7]} | {qb[0] * 1e3:.2f} | {qb[1] * 1e3:.2f} | {qb[2] * 1e3:.2f} |",
-        f"| this {head[:7]}{'+dirty' if dirty else ''} | {qt[0] * 1e3:.2f} | {qt[1] * 1e3:.2f} "
-        f"| {qt[2] * 1e3:.2f} |",
-        "",
-        f"Ratio of medians this / base: **{ratio:.3f}**; per round: "
-        + ", ".join(f"{r:.3f}" for r in ratios)
-        + ".",
-        "",
-    ]
-    (out / f"ab_step_time_{stem}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    path = out / f"ab_step_time_{stem}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    sys.path.insert(0, str(REPO))
+    from linear_gpt2.experiments import reports
+
+    md = reports.page(
+        out / f"ab_step_time_{stem}.md", reports.block("ab_step_time.page", path.name)
+    )
+    print(md.read_text())
     return 0
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 if __name__ == "__main__":

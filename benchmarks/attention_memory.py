@@ -11,12 +11,14 @@ outputs (those are 4 resp. 3 ``[B, T, H, D]`` arrays for every variant). Measure
 backend JAX picks (CPU unless a GPU is visible; the numbers in docs/attention.md are CPU).
 
     python benchmarks/attention_memory.py                       # B=1 H=12 D=64 T=1024 c=64
-    python benchmarks/attention_memory.py --T 1024 2048 --markdown out.md
+    python benchmarks/attention_memory.py --T 1024 2048 --also-scan associative \\
+        --out benchmarks/results/attention_memory_cpu     # .json, and .md rendered from it
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2 import attention  # noqa: E402
+from linear_gpt2.experiments import provenance  # noqa: E402
 from linear_gpt2.platform.memory import attention_temp_bytes  # noqa: E402
 
 # Asymptotic cost per head, for the table (T: sequence length, D: head dim, c: chunk size).
@@ -70,33 +73,7 @@ def measure(B: int, Ts: list[int], H: int, D: int, c: int, names: list[str], sca
     return rows
 
 
-def table(rows, B: int, Ts: list[int], H: int, D: int, c: int, scan: str) -> str:
-    header = "| formulation | FLOPs per head | memory per head |"
-    rule = "|---|---|---|"
-    for T in Ts:
-        header += f" fwd, T={T} | fwd+bwd, T={T} |"
-        rule += "---:|---:|"
-    lines = [header, rule]
-    for name, sizes, note in rows:
-        flops, mem = COST[name]
-        cells = (
-            [f"{b / 2**20:.1f}" for fb in sizes for b in fb] if sizes else [note] * (2 * len(Ts))
-        )
-        lines.append(f"| `{name}` | {flops} | {mem} | " + " | ".join(cells) + " |")
-    lines.append("")
-    T0 = Ts[0]
-    lines.append(
-        f"Compiled temp memory in MiB (`memory_analysis().temp_size_in_bytes`: scratch beyond "
-        f"arguments and outputs) on {jax.default_backend()}, jax {jax.__version__}, float32, "
-        f"B={B}, H={H}, D={D}, c={c}, LT_state_parallel scan={scan}. At T={T0} one "
-        f"[B, T, H, D] array is {B * T0 * H * D * 4 / 2**20:.1f} MiB, a T x T score matrix for "
-        f"all heads {B * H * T0 * T0 * 4 / 2**20:.1f} MiB and T D^2 floats for all heads "
-        f"{B * T0 * H * D * D * 4 / 2**20:.1f} MiB."
-    )
-    return "\n".join(lines)
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--B", type=int, default=1)
     p.add_argument("--T", type=int, nargs="+", default=[1024], help="one or more lengths")
@@ -104,16 +81,52 @@ def main() -> None:
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--scan", default="cumsum", help="LT_state_parallel's prefix sum")
+    p.add_argument(
+        "--also-scan", nargs="*", default=[], help="LT_state_parallel again with these scans"
+    )
     p.add_argument("--names", nargs="*", default=attention.names())
-    p.add_argument("--markdown", type=Path, help="also write the table to this file")
-    a = p.parse_args()
+    p.add_argument("--out", type=Path, default=None, help="write OUT.json (and render OUT.md)")
+    a = p.parse_args(argv)
     rows = measure(a.B, a.T, a.H, a.D, a.chunk_size, a.names, a.scan)
-    out = table(rows, a.B, a.T, a.H, a.D, a.chunk_size, a.scan)
-    print(out)
-    if a.markdown:
-        a.markdown.parent.mkdir(parents=True, exist_ok=True)
-        a.markdown.write_text(out + "\n")
+    extra = [
+        (f"LT_state_parallel (scan={s})", r[1], r[2])
+        for s in a.also_scan
+        for r in measure(a.B, a.T, a.H, a.D, a.chunk_size, ["LT_state_parallel"], s)
+    ]
+    result = {
+        "meta": {
+            "how": "compiled",
+            "environment": provenance.environment(),
+            "settings": {
+                "B": a.B, "T": a.T, "H": a.H, "D": a.D, "chunk_size": a.chunk_size,
+                "scan": a.scan, "dtype": "float32", "backend": jax.default_backend(),
+                "what": "memory_analysis().temp_size_in_bytes of the compiled program: scratch "
+                "beyond arguments and outputs; forward, and forward+backward (vjp) as one program",
+            },
+        },
+        "rows": [
+            {
+                "attention": name,
+                "flops_per_head": COST.get(name.split(" ")[0], ("", ""))[0],
+                "memory_per_head": COST.get(name.split(" ")[0], ("", ""))[1],
+                "temp_bytes": None if sizes is None else {
+                    str(T): {"forward": f, "forward_backward": b} for T, (f, b) in zip(a.T, sizes)
+                },
+                "note": note,
+            }
+            for name, sizes, note in rows + extra
+        ],
+    }  # fmt: skip
+    print(json.dumps(result["rows"], indent=1))
+    if a.out:
+        from linear_gpt2.experiments import reports
+
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        path = a.out.with_suffix(".json")
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        reports.page(a.out.with_suffix(".md"), reports.block("attention_memory.page", path.name))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

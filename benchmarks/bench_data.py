@@ -1,6 +1,6 @@
 """Data pipeline throughput on this machine, against what training consumes.
 
-    python benchmarks/bench_data.py            # ~1 minute on 2 cores
+    python benchmarks/bench_data.py            # about a minute on a small CPU
     python benchmarks/bench_data.py --tiny --out /tmp/x   # seconds (used by the tests)
 
 Measures, on the offline sample corpus (C4 format):
@@ -16,7 +16,8 @@ Measures, on the offline sample corpus (C4 format):
   64M-token shard (skipped with ``--tiny``), which gives the scan rate for large splits.
 
 Writes ``data_throughput.json`` and ``.md`` (with machine info and git commit) into ``--out``
-and compares each rate with ~470k tokens/s, the training throughput of GPT-2 124M on one H100.
+and compares each rate with ``H100_TOKENS_PER_S``, the training throughput of GPT-2 124M on one
+H100 (about llm.c's figure in ``shared/anchors/published-figures.md``).
 ``--compare OLD.json`` adds the rates of an earlier run (e.g. before a change) to the table;
 ``--merge RUN.json ...`` measures nothing and writes the best of several earlier runs per row
 (runs alternated with those of the code compared against see the same machine load).
@@ -251,54 +252,26 @@ def merge_runs(paths: list[str]) -> dict:
 
 
 def write(result: dict, out: Path, before: dict, label: str, compare: str | None) -> dict:
+    """``data_throughput.json`` (with ``meta``: how, environment) and the page rendered from it
+    (``linear_gpt2.experiments.reports.cpu``)."""
+    from linear_gpt2.experiments import reports
+
     rows = result["results"]
     for r in rows.values():
         r["x_h100_training"] = r["tokens_per_s"] / H100_TOKENS_PER_S
     if before:
         result["compared_with"] = {"file": compare, "results": before}
-    lines = [
-        "# Data pipeline throughput"
-        + (" (--tiny)" if result.get("tiny") else "")
-        + (f": {label}" if label else ""),
-        "",
-        f"Machine: {result['machine']['cpu_count']} CPUs ({result['machine']['processor']}), "
-        f"Python {result['machine']['python']}, commit {result['machine']['git_commit']}",
-        f"Versions: {result['machine']['versions']}",
-        "",
-        f"| measurement | tokens | seconds | tokens/s | x {H100_TOKENS_PER_S // 1000}k (124M on H100) |"
-        + (" before: tokens/s | change |" if before else ""),
-        "|---|---:|---:|---:|---:|" + ("---:|---:|" if before else ""),
-    ]
-    for name, r in rows.items():
-        line = (
-            f"| {name} | {r['tokens']:,} | {r['seconds']:.3g} | {r['tokens_per_s']:,.0f} | "
-            f"{r['x_h100_training']:.2f} |"
-        )
-        if before:
-            old = before.get(name, {}).get("tokens_per_s")
-            line += f" {old:,.0f} | {r['tokens_per_s'] / old - 1:+.1%} |" if old else " - | new |"
-        lines.append(line)
-    scans = [r for k, r in rows.items() if k.startswith("shards: first open")]
-    if scans:
-        rate = max(r["tokens_per_s"] for r in scans)
-        lines += [
-            "",
-            f"Shard validation scans {rate / 1e9:.2g}e9 tokens/s ({rate * 2 / 1e9:.2g} GB/s, from "
-            f"the page cache): {1e10 / rate:.2g} s per 10^10 tokens, once per shard; later opens "
-            "of unchanged shards only stat them. The loader rows time batches after the open, so "
-            "validation does not enter them.",
-        ]
-    if before:
-        lines += [
-            "",
-            "The encode and prepare_split rows run the same tokenization before and after (the "
-            "only change there records each shard's largest id); their differences show the "
-            "run-to-run noise of this shared machine.",
-        ]
-    table = "\n".join(lines) + "\n"
-    print(table)
+    m = result["machine"]
+    keys = ("device_kind", "platform", "device_count", "jax_version", "jaxlib_version", "python",
+            "git_commit", "host", "time_utc")  # fmt: skip
+    result.pop("meta", None)  # merged runs: a fresh one below
+    result = {"meta": {"how": "measured", "environment": {k: m.get(k) for k in keys}}, **result}
+    result["label"] = label
     (out / "data_throughput.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "data_throughput.md").write_text(table)
+    md = reports.page(
+        out / "data_throughput.md", reports.block("data_throughput.page", "data_throughput.json")
+    )
+    print(md.read_text())
     return result
 
 

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart", action="store_true")
     args = p.parse_args(argv)
 
-    from linear_gpt2.experiments import compile_step, provenance
+    from linear_gpt2.experiments import compile_step, frontier, provenance
     from linear_gpt2.platform import target
     from linear_gpt2.training.config import load_config
 
@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                 "fits": r.fits,
                 "tried": [[n, m.total] for n, m in r.plan.tried],
                 "compile_seconds": r.compile.seconds,
+                "kernel_design": frontier.kernel_design(
+                    r.config, t.name, cfg.train.micro_batch, cfg.model.dtype, cfg.data.context
+                ),
             }
         except target.CompileError as e:
             row = {"config": name, "error": str(e).splitlines()[0], "fits": False}
@@ -91,32 +94,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(out: Path, stem: str, t, env: dict, rows: list[dict]) -> None:
+    from linear_gpt2.experiments import reports
+
     meta = {
+        "how": "compiled",
         "environment": env,
         "target": t.describe(),
-        "how": "compiled for the target with XLA's GPU compiler on a CPU-only machine; no run",
+        "method": "compiled for the target with XLA's GPU compiler on a CPU-only machine; no run",
+        "settings": {"kernel_design": "per row (the attention spec's, for the target)"},
     }
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    lines = [
+    template = "\n".join([
         f"# Run configs compiled for {t.name}: memory per device",
         "",
-        f"{t.describe()}. Measured by compiling the trainer's step for the target on a machine "
-        f"without a GPU (deviceless XLA); jax {env['jax_version']}, commit {env['git_commit']}.",
-        "",
-        "| config | context | micro-batch x devices x accum | remat | loss chunk | GiB per device "
-        "| fits |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in sorted(rows, key=lambda r: r["config"]):
-        if "error" in r:
-            lines.append(f"| {r['config']} | | | | | error: {r['error']} | no |")
-            continue
-        lines.append(
-            f"| {r['config']} | {r['context']} | {r['micro_batch']} x {r['devices']} x "
-            f"{r['accum']} | {r['remat']} | {r['loss_chunk']} | "
-            f"{r['memory_bytes'] / 2**30:.2f} | {'yes' if r['fits'] else 'no'} |"
-        )
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+        reports.block("configs.table", f"{stem}.json"),
+    ])  # fmt: skip
+    reports.page(out / f"{stem}.md", template)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,15 @@ step, both compiled for the H100 on this (CPU) machine with the auto memory sett
 Nothing runs: XLA's buffer assignment of the H100 program (``compile_step.compile_train_step``). With
 forgetting, ``kernel=auto`` compiles to the chunk-parallel Pallas kernels with resets and gates.
 
-    python benchmarks/forget_memory.py --context 65536 1048576 \\
-        --markdown benchmarks/results/forget_memory_h100_compiled.md
+    python benchmarks/forget_memory.py --context 1048576 65536 --start-rung 4 0
+
+Writes ``forget_memory_h100_compiled.json`` and renders ``.md`` from it (``--out``, ``--stem``).
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,10 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import linear_gpt2  # noqa: E402, F401  (before JAX starts its backends)
-from linear_gpt2.experiments import compile_step  # noqa: E402
+from linear_gpt2.experiments import compile_step, provenance, reports  # noqa: E402
 from linear_gpt2.model.config import ModelConfig  # noqa: E402
 from linear_gpt2.platform.memory import GiB  # noqa: E402
 
+RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {
     "plain": dict(),
     "doc_reset + decay gate": dict(doc_reset=True, decay="gate"),
@@ -53,6 +55,18 @@ def label(r: compile_step.StepReport) -> str:
     return memory_plan.label(r.config)
 
 
+def record(plain: compile_step.StepReport, forget: compile_step.StepReport, T: int) -> dict:
+    def one(r: compile_step.StepReport) -> dict:
+        return {
+            "memory_bytes": r.compile.memory.total,
+            "setting": label(r),
+            "fits": r.fits,
+            "tried": [[name, m.total] for name, m in r.plan.tried],
+        }
+
+    return {"context": T, "plain": one(plain), "forget": one(forget)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, nargs="+", default=[65536, 1048576])
@@ -61,59 +75,33 @@ def main(argv=None) -> int:
         help="per context: the memory_plan.LADDER rung to start from (skip settings known not "
         "to fit, e.g. 4 = offload at 1M tokens)",
     )  # fmt: skip
-    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the .json and .md")
+    ap.add_argument("--stem", default="forget_memory_h100_compiled")
     args = ap.parse_args(argv)
     rows = []
     rungs = args.start_rung or [0] * len(args.context)
     for T, start in zip(args.context, rungs):
         r = measure(T, start)
-        plain, forget = r["plain"], r["doc_reset + decay gate"]
-        a, b = plain.compile.memory.total, forget.compile.memory.total
-        rows.append((T, plain, forget, (b - a) / a))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    lines = [
-        "# 124M training step with forgetting: compiled memory for the H100",
-        "",
-        "Compiled for the H100 on a CPU machine (deviceless, `compile_step.compile_train_step`: XLA's "
-        "buffer assignment of the H100 program, nothing run), at commit "
-        f"`{commit}` (the kernels' code; this file is committed after it). "
-        "Batch 1, bfloat16, AdamW, `LT_chunked` with `kernel: auto` (the Pallas kernels), the "
-        "auto memory settings (`remat`, `loss_chunk`) resolved against the 72 GiB budget. "
-        "`benchmarks/forget_memory.py` writes this file.",
-        "",
-        "| context | plain LT_chunked | + doc_reset + decay gate | difference | settings "
-        "(plain / forget) | fits 72 GiB |",
-        "|---|---|---|---|---|---|",
-    ]
-    for T, plain, forget, rel in rows:
-        lines.append(
-            f"| {T:,} | {plain.compile.memory.total / GiB:.2f} GiB | "
-            f"{forget.compile.memory.total / GiB:.2f} GiB | {rel:+.1%} | "
-            f"{label(plain)} / {label(forget)} | "
-            f"{'yes' if plain.fits else 'no'} / {'yes' if forget.fits else 'no'} |"
-        )
-    lines += [
-        "",
-        "Every setting compiled (the auto ladder, cheapest first, from the rung given):",
-        "",
-        "| context | setting | plain LT_chunked | + doc_reset + decay gate | difference |",
-        "|---|---|---|---|---|",
-    ]
-    for T, plain, forget, _ in rows:
-        fm = dict(forget.plan.tried)
-        for name, m in plain.plan.tried:
-            if name in fm:
-                f = fm[name].total
-                lines.append(
-                    f"| {T:,} | {name} | {m.total / GiB:.2f} GiB | {f / GiB:.2f} GiB | "
-                    f"{(f - m.total) / m.total:+.1%} |"
-                )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+        rows.append(record(r["plain"], r["doc_reset + decay gate"], T))
+    env = provenance.environment()
+    env["device_kind"] = "NVIDIA H100 (compiled for, deviceless; no GPU here)"
+    meta = {
+        "how": "compiled",
+        "environment": env,
+        "settings": {
+            "size": "124M", "attention": "LT_chunked", "kernel": "auto", "batch": 1,
+            "dtype": "bfloat16", "budget_gib": 72, "forget": VARIANTS["doc_reset + decay gate"],
+            "start_rung": {str(T): n for T, n in zip(args.context, rungs)},
+            "kernel_design": "the chunk-parallel Pallas kernels (with forgetting kernel=pallas "
+            "always is; docs/attention.md)",
+            "command": "benchmarks/forget_memory.py " + " ".join(argv or sys.argv[1:]),
+        },
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.stem}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    md = reports.page(args.out / f"{args.stem}.md", reports.block("forget_memory.page", path.name))
+    print(md.read_text())
     return 0
 
 

@@ -53,6 +53,7 @@ def measure(point: dict, repeats: int) -> dict:
     import jax
     import numpy as np
 
+    from linear_gpt2.experiments import provenance
     from linear_gpt2.experiments import step_time as bench
     from linear_gpt2.platform.memory import compiled_memory
 
@@ -82,9 +83,16 @@ def measure(point: dict, repeats: int) -> dict:
             times.append(time.perf_counter() - t)
         loss = float(metrics["loss"]) if "loss" in metrics else None
     stats = jax.local_devices()[0].memory_stats() or {}
+    shape = (1, cfg.block_size, cfg.n_head, cfg.head_dim)
+    spec = cfg.spec
     return {
         **point,
         "status": "ok",
+        "environment": provenance.environment(),
+        "allocator": provenance.allocator(),
+        "kernel_design": None
+        if spec.kernel_design is None
+        else spec.kernel_design(shape, "bfloat16", cfg.attention_options()),
         "device_kind": jax.devices()[0].device_kind,
         "compiled_bytes": mem.total if mem else None,
         "compiled": mem.as_dict() if mem else None,
@@ -97,36 +105,43 @@ def measure(point: dict, repeats: int) -> dict:
     }
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = [
+def page_template(stem: str) -> str:
+    from linear_gpt2.experiments import reports
+
+    return "\n".join([
         "# Compiled memory vs the real GPU's peak (measured on the device)",
         "",
-        "Batch 1, bf16, AdamW; `compiled`: XLA's buffer assignment (arguments + outputs + "
-        "temporaries - donated aliases), the figure that compiling for the H100 without one "
-        "reports; `peak`: the allocator's `peak_bytes_in_use` over the steps, one process per "
-        "point. Times are the median step after one warm-up.",
-        "",
-        "| attention | size | context | remat | loss_chunk | chunk | compiled GiB | peak GiB | "
-        "peak/compiled | step ms | loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if r.get("status") != "ok":
-            lines.append(
-                f"| {r['attention']} | {r['size']} | {r['context']} | {r['remat']} | "
-                f"{r['loss_chunk']} | {r.get('chunk_size', '')} | | | | {r.get('status')}: "
-                f"{str(r.get('error', ''))[:80]} | |"
-            )
-            continue
-        comp, peak = r["compiled_bytes"], r["peak_bytes_in_use"]
-        ratio = f"{peak / comp:.3f}" if comp and peak else ""
-        lines.append(
-            f"| {r['attention']} | {r['size']} | {r['context']} | {r['remat']} | "
-            f"{r['loss_chunk']} | {r.get('chunk_size', '')} | "
-            f"{comp / GiB:.2f} | {(peak or 0) / GiB:.2f} | {ratio} | {r['median_ms']:.1f} | "
-            f"{r['loss'] if r['loss'] is None else round(r['loss'], 3)} |"
-        )
-    return "\n".join(lines) + "\n"
+        reports.block("memory_check.about", f"{stem}.json"),
+        reports.block("memory_check.table", f"{stem}.json"),
+    ])  # fmt: skip
+
+
+def write(out: Path, stem: str, rows: list[dict], repeats: int) -> None:
+    """``STEM.json`` (``meta``: how, the first point's environment and allocator, the steps
+    timed; ``rows``) and ``STEM.md`` rendered from it."""
+    from linear_gpt2.experiments import reports
+
+    # Every point's process reports them; they are the same machine, so the file keeps one.
+    envs = [r.pop("environment", None) for r in rows]
+    allocs = [r.pop("allocator", None) for r in rows]
+    env = next((e for e in envs if e), None)
+    alloc = next((a for a in allocs if a), {})
+    meta = {
+        "how": "measured",
+        "environment": env,
+        "settings": {
+            "batch": 1,
+            "dtype": "bfloat16",
+            "warmup": 1,
+            "steps_timed": repeats,
+            **alloc,
+            "peak": "the allocator's peak_bytes_in_use over the warm-up and the timed steps, "
+            "one process per point",
+            "remat, loss_chunk": "given per point (attention:size:context:remat:loss_chunk), not auto",
+        },
+    }
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    reports.page(out / f"{stem}.md", page_template(stem))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             row = {**point, "status": "timeout", "error": f"over {args.timeout:.0f} s"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        (out / f"{args.stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
-        (out / f"{args.stem}.md").write_text(markdown(rows))
-    print(markdown(rows))
+        write(out, args.stem, [dict(r) for r in rows], args.repeats)  # after each point
+    print((out / f"{args.stem}.md").read_text())
     return 0
 
 

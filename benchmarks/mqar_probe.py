@@ -130,17 +130,9 @@ def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192, *
 
 def markdown(results: list[dict]) -> str:
     """One column per probed run, one row per statistic."""
-    keys = list(dict.fromkeys(k for r in results for k in r if k not in ("run", "label")))
-    head = "| statistic | " + " | ".join(r["label"] for r in results) + " |"
-    lines = [head, "|---" * (len(results) + 1) + "|"]
-    for k in keys:
-        cells = [r.get(k, "") for r in results]
-        lines.append(
-            f"| {k} | "
-            + " | ".join(f"{c:.4f}" if isinstance(c, float) else str(c) for c in cells)
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
+    from linear_gpt2.experiments.reports.mqar import probe_table
+
+    return probe_table(results) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--zero-fill", action="store_true", help="probe on zero-filled examples (Zoology fig. 2)"
     )
-    ap.add_argument("--title", default="", help="a line above the table in OUT.md")
     a = ap.parse_args(argv)
     from linear_gpt2.training import trained
 
@@ -179,13 +170,21 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{Path(run).name} (L={cfg.data.context}, N={m.num_kv_pairs}, step {step}"
         label += ", random fill)" if fill["random_non_queries"] else ")"
         results.append({"run": str(run), "label": label, "step": step, **stats})
-    md = markdown(results)
-    print(md)
+    print(markdown(results))
     if a.out:
-        Path(a.out).with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-        title = f"{a.title}\n\n" if a.title else ""
-        note = f"{len(a.runs)} runs, {a.examples} held-out examples each (benchmarks/mqar_probe.py)"
-        Path(a.out).with_suffix(".md").write_text(f"{title}{note}\n\n{md}")
+        from linear_gpt2.experiments import provenance, reports
+
+        meta = {
+            "how": "measured",
+            "environment": provenance.environment(),
+            "settings": {"examples": a.examples, "zero_fill": a.zero_fill, "runs": a.runs},
+        }
+        path = Path(a.out).with_suffix(".json")
+        path.write_text(json.dumps({"meta": meta, "rows": results}, indent=1) + "\n")
+        template = "\n".join(
+            [reports.block("mqar.probe", path.name), reports.block("mqar.probe_summary", path.name)]
+        )
+        reports.page(path.with_suffix(".md"), template)
     return 0
 
 

@@ -19,13 +19,17 @@ times cheaper and changes neither the loss nor the gradient.
 It needs PyTorch (with torchvision, einops, pydantic, tqdm and wandb, which Zoology imports) and
 the checkout, neither of which this project depends on; a missing one is a one-line error. Each
 evaluation prints and appends a JSON line to ``--out``: update, epoch, lr, mean train loss since
-the last evaluation, test loss, test accuracy, seconds of training.
+the last evaluation, test loss, test accuracy, seconds of training; ``RUN.meta.json`` beside it
+records the commits, versions and settings when training starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,13 +62,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-hours", type=float, default=None)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument(
-        "--table", metavar="MD", help="write --out's evaluations as a markdown table; no training"
+        "--table",
+        metavar="MD",
+        help="render the page MD from --out and its .meta.json (a new page: --title); no training",
     )
     p.add_argument(
-        "--title", default="Zoology's model on its figure 2 MQAR cell", help="the table's heading"
-    )
-    p.add_argument(
-        "--note", action="append", default=[], help="a paragraph under the heading (repeatable)"
+        "--title", default="Zoology's model on its figure 2 MQAR cell", help="a new page's heading"
     )
     return p.parse_args(argv)
 
@@ -85,24 +88,75 @@ def query_loss(backbone, head, inputs, labels):
     return F.cross_entropy(logits, target), (logits.argmax(-1) == target).float().mean()
 
 
-def markdown(rows: list[dict], batch: int, title: str, notes: list[str] = ()) -> str:
-    """The evaluations of one run as a markdown table, with the sequences seen at each."""
-    head = "| update | epoch | sequences | lr | train loss | test loss | test accuracy | train s |"
-    lines = [f"# {title}", ""] + [x for n in notes for x in (n, "")] + [head, "|" + "---|" * 8]
-    for r in rows:
-        lines.append(
-            f"| {r['update']} | {r['epoch']} | {r['update'] * batch:,} | {r['lr']:.3g} | "
-            f"{r['train_loss']:.3f} | {r['test_loss']:.3f} | {r['test_acc']:.4f} | {r['train_s']:.0f} |"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def meta_path(out: str | Path) -> Path:
+    """``run.jsonl`` -> ``run.meta.json``: where the evaluations came from."""
+    return Path(out).with_suffix(".meta.json")
+
+
+def write_meta(args: argparse.Namespace, root: Path, torch_version: str) -> None:
+    """The JSONL's provenance, written before training: this project's commit, Zoology's,
+    the versions and every setting (this runs in a venv apart from this project's, so it asks
+    git itself rather than ``linear_gpt2.experiments.provenance``)."""
+
+    def git(where: Path, *cmd: str) -> str | None:
+        r = subprocess.run(["git", "-C", str(where), *cmd], capture_output=True, text=True)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+
+    dirty = git(REPO, "status", "--porcelain", "--untracked-files=no")
+    commit = git(REPO, "rev-parse", "HEAD")
+    meta = {
+        "how": "measured",
+        "raw": Path(args.out).name,
+        "environment": {
+            "device_kind": f"cpu ({args.threads} torch thread(s))", "platform": "cpu",
+            "jax_version": None, "torch_version": torch_version,
+            "zoology_commit": git(root, "rev-parse", "--short", "HEAD"),
+            "git_commit": commit and commit + ("+dirty" if dirty else ""), "host": platform.node(),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        "command": "python benchmarks/mqar_zoology_reference.py " + " ".join(sys.argv[1:]),
+        "settings": {
+            "L": args.seq_len, "N": args.kv, "d_model": args.d_model, "layers": 2, "heads": 1,
+            "train_examples": args.train_examples, "test_examples": args.test_examples,
+            "batch": args.batch, "lr": args.lr, "weight_decay": 0.1, "epochs": args.epochs,
+            "budget_sequences": args.epochs * args.train_examples, "eval_every": args.eval_every,
+            "max_hours": args.max_hours, "random_non_queries": args.random_non_queries,
+        },
+    }  # fmt: skip
+    meta_path(args.out).write_text(json.dumps({"meta": meta}, indent=1) + "\n")
+
+
+def table(args: argparse.Namespace) -> int:
+    """Render ``--table MD`` from ``--out`` and its ``.meta.json`` (``linear_gpt2`` reports)."""
+    sys.path.insert(0, str(REPO))
+    from linear_gpt2.experiments import reports
+
+    md, out = Path(args.table), Path(args.out)
+    if not meta_path(out).is_file():
+        print(
+            f"error: {meta_path(out)} is missing; it is written when training starts",
+            file=sys.stderr,
         )
-    return "\n".join(lines) + "\n"
+        return 2
+    rel = lambda p: os.path.relpath(p, md.parent)  # noqa: E731
+    sources = (rel(out), rel(meta_path(out)))
+    template = "\n".join([
+        f"# {args.title}",
+        "",
+        reports.block("mqar.zoology_about", *sources),
+        reports.block("mqar.zoology_reference", *sources),
+    ])  # fmt: skip
+    reports.page(md, template)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
-        rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line]
-        Path(args.table).write_text(markdown(rows, args.batch, args.title, args.note))
-        return 0
+        return table(args)
     if not args.zoology:
         print(
             "error: --zoology PATH is needed to train (or --table MD to tabulate --out)",
@@ -142,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     from zoology.utils import set_determinism
 
     torch.set_num_threads(args.threads)
+    write_meta(args, root, torch.__version__)
     t0 = time.time()
     data = multiquery_ar(
         vocab_size=8192,

@@ -18,7 +18,7 @@ no longer in the tree). ``kernel=pallas`` picks the design with the lower modell
 ``auto`` column. A second section prices the alternatives behind the block sizes chosen in
 ``kernels/lt_chunked/plan.py`` (docs/design.md quotes it).
 
-    python benchmarks/roofline.py              # compiles (registers, shared memory), ~2 minutes
+    python benchmarks/roofline.py              # compiles (registers, shared memory): minutes
     python benchmarks/roofline.py --no-compile # the model alone, seconds
     python benchmarks/roofline.py --tiny       # two lengths, one chunk size, no compile (tests)
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import re
 import sys
 from pathlib import Path
@@ -180,107 +181,55 @@ def choices(Ts=(16384, 131072)) -> list[dict]:
 # Output
 
 
-def _fmt_us(x: float) -> str:
-    return f"{x:,.1f}"
-
-
-def markdown(rows, summary, picks, env, resources, compiled: bool) -> str:
-    lines = [
-        "# LT_chunked kernels on the H100: a roofline MODEL",
-        "",
-        "**A model, not a measurement.** Lower-bound times computed from each kernel's FLOPs, "
-        "HBM bytes and launch shape (`linear_gpt2/kernels/lt_chunked/cost.py`): the roofline at "
-        f"{cost.PEAK_FLOPS / 1e12:.0f} TFLOP/s (dense bf16) and {cost.PEAK_BYTES / 1e12:.2f} TB/s, "
-        f"divided by the share of the {cost.SMS} SMs the launch can occupy; a sequential pass "
-        "pays its steps in sequence (they are one program's work). 'with launches' adds "
-        f"{cost.LAUNCH_SECONDS * 1e6:.0f} us per launch (assumed). "
-        + (
-            "Registers, shared memory and spills are compile measurements (deviceless, "
-            f"`linear_gpt2.platform.target`, T={COMPILE_T}); the old kernel's at commit 5d0586d."
-            if compiled
-            else "Registers and shared memory not compiled in this run (--no-compile)."
-        ),
-        "",
-        f"B={B}, H={H}, D={D}, bfloat16, forward + backward. jax {env['jax_version']}, commit "
-        f"{env['git_commit'][:12]}.",
-        "",
-        "## Totals (us): old single pass, chunk-parallel, single pass now",
-        "",
-        "| T | c | old bound | chunk bound | fused bound | old w/ launches | chunk w/ "
-        "launches | fused w/ launches | chunk min programs | old / chunk | auto |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for s in summary:
-        old_note = "" if s["c"] in OLD_MEASURED and isinstance(OLD_MEASURED[s["c"]], dict) else "*"
-        lines.append(
-            f"| {s['T']:,} | {s['c']} | {_fmt_us(s['old_bound_us'])}{old_note} | "
-            f"{_fmt_us(s['chunk_bound_us'])} | {_fmt_us(s['fused_bound_us'])} | "
-            f"{_fmt_us(s['old_with_launches_us'])} | {_fmt_us(s['chunk_with_launches_us'])} | "
-            f"{_fmt_us(s['fused_with_launches_us'])} | {s['chunk_min_programs']} | "
-            f"{s['old_bound_us'] / s['chunk_bound_us']:.1f}x | {s['auto']} |"
-        )
-    if any(not isinstance(v, dict) for v in OLD_MEASURED.values()):
-        lines += ["", "\\* the old kernel at this c " + OLD_MEASURED[256] + " (modelled anyway)."]
-    lines += [
-        "",
-        f"## Compiled resources per kernel (B={B}, T={COMPILE_T:,}, H={H}, D={D}, bfloat16)",
-        "",
-        "| design | c | kernel | registers | shared memory (B) | spill stores (B) |",
-        "|---|---:|---|---:|---:|---:|",
-    ]
-    for (design, c), res in sorted(resources.items()):
-        if not res:
-            lines.append(f"| {design} | {c} | - | {OLD_MEASURED.get(c)} | | |")
-        for name, (regs, smem, spill) in sorted(res.items()):
-            lines.append(f"| {design} | {c} | {name} | {regs} | {smem:,} | {spill} |")
-    for T in (16384, 131072):
-        if not any(r["T"] == T for r in rows):
+def model_json(summary, picks, env, resources, compiled: bool) -> dict:
+    """The raw file of the model: ``meta`` (how, environment, the peaks and assumptions),
+    ``summary`` per (T, c), ``resources`` per design, c and kernel, ``choices``."""
+    res: dict[str, dict[str, object]] = {}
+    for (design, c), kernels in resources.items():
+        if design == "old" and not isinstance(OLD_MEASURED[c], dict):
+            res.setdefault(design, {})[str(c)] = OLD_MEASURED[c]
             continue
-        lines += [
-            "",
-            f"## Per kernel at T={T:,}, c=64",
-            "",
-            "| design | kernel | programs | steps | GFLOP | MB | FLOP/B | SM share | bound us | "
-            "regs | smem |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            if r["T"] == T and r["c"] == 64:
-                lines.append(
-                    f"| {r['design']} | {r['kernel']} | {r['programs']:,} | {r['steps']} | "
-                    f"{r['flops'] / 1e9:.2f} | {r['bytes'] / 1e6:.1f} | {r['intensity']} | "
-                    f"{r['sm_share']:.2f} | {_fmt_us(r['bound_us'])} | "
-                    f"{'-' if r['registers'] is None else r['registers']} | "
-                    f"{'-' if r['shared_memory'] is None else format(r['shared_memory'], ',')} |"
-                )
-    if picks:
-        lines += [
-            "",
-            "## Block-size choices priced by the model (chunk-parallel, c=64 unless stated)",
-            "",
-            "| T | choice | value | chosen | bound us | note |",
-            "|---:|---|---|---|---:|---|",
-        ]
-        for p in picks:
-            lines.append(
-                f"| {p['T']:,} | {p['choice']} | {p['value']} | {'yes' if p['chosen'] else ''} | "
-                f"{_fmt_us(p['bound_us'])} | {p['note']} |"
-            )
-    return "\n".join(lines) + "\n"
+        res.setdefault(design, {})[str(c)] = {
+            name: {"registers": r, "shared_memory": m, "spill_stores": sp}
+            for name, (r, m, sp) in kernels.items()
+        }
+    return {
+        "meta": {
+            "how": "modelled",
+            "environment": {
+                **env,
+                "device_kind": "NVIDIA H100 SXM (modelled; registers and shared memory compiled "
+                "for it, deviceless)",
+            },
+            "settings": {
+                "B": B, "H": H, "D": D, "dtype": "bfloat16", "pass": "forward + backward",
+                "peak_tflops": cost.PEAK_FLOPS / 1e12, "peak_tb_per_s": cost.PEAK_BYTES / 1e12,
+                "sms": cost.SMS, "launch_us": cost.LAUNCH_SECONDS * 1e6, "compile_T": COMPILE_T,
+                "compiled": compiled,
+                "old_kernel_resources": "compiled at commit 5d0586d (no longer in the tree)",
+            },
+        },
+        "summary": summary,
+        "resources": res,
+        "choices": picks,
+    }  # fmt: skip
 
 
-def write(out: Path, rows, summary, md: str) -> tuple[Path, Path]:
+def write(out: Path, rows, model: dict) -> tuple[Path, Path, Path]:
+    from linear_gpt2.experiments import reports
+
     out.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path = (
-        out / "kernel_roofline_h100_model.csv",
-        out / "kernel_roofline_h100_model.md",
-    )
+    stem = "kernel_roofline_h100_model"
+    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
     with open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    md_path.write_text(md)
-    return csv_path, md_path
+    json_path.write_text(json.dumps(model, indent=1) + "\n")
+    md = reports.page(
+        out / f"{stem}.md", reports.block("roofline.page", json_path.name, csv_path.name)
+    )
+    return csv_path, json_path, md
 
 
 def main(argv=None) -> int:
@@ -298,9 +247,9 @@ def main(argv=None) -> int:
                 resources[(design, c)] = compiled_resources(design, c)
     rows, summary = model_rows(Ts, Cs, resources)
     picks = [] if args.tiny else choices()
-    md = markdown(rows, summary, picks, environment(), resources, compiled)
-    paths = write(args.out, rows, summary, md)
-    print(md)
+    model = model_json(summary, picks, environment(), resources, compiled)
+    paths = write(args.out, rows, model)
+    print(paths[2].read_text())
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
 

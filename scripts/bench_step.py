@@ -94,6 +94,7 @@ def frontier_main(args) -> int:
         done = frontier.read_frontier(out / f"{stem}.json")
         print(f"resuming: {len(done)} points already compiled in {out / f'{stem}.json'}")
     meta = {
+        "how": "compiled",
         "environment": env,
         "settings": {
             "target": t.name,
@@ -103,7 +104,7 @@ def frontier_main(args) -> int:
             "dtype": args.dtype,
             "memory": "model.remat=auto, model.loss_chunk=auto (memory_plan.LADDER)",
             "step": "train_step.jit_train_step (clip, AdamW), state donated",
-            "how": "compiled for the target with XLA's GPU compiler on a CPU-only machine",
+            "method": "compiled for the target with XLA's GPU compiler on a CPU-only machine",
         },
     }
     points: list = list(done)
@@ -196,18 +197,22 @@ def _main(argv: list[str]) -> int:
         compiler_options=bench.FAST_COMPILE if fast else None,
     )
     meta = {
+        "how": "measured",
         "environment": env,
         "settings": {
             "batch": args.batch,
             "dtype": args.dtype,
             "warmup": warmup,
             "repeats": repeats,
+            "steps_timed": repeats,  # each median is of this many steps (results[].times_ms)
             "max_bytes": args.max_bytes,
             "chunk_candidates": chunks,
             "compiler_options": bench.FAST_COMPILE if fast else None,
             "contexts": contexts,
             "sizes": {s: bench.SIZES[s] for s in sizes},
             "step": "make_train_step + optim.optimizer (clip, AdamW), state donated",
+            # What model.remat / loss_chunk "auto" resolved against (results[].remat, loss_chunk).
+            **provenance.allocator(),
         },
     }
     csv_path, json_path = bench.write_results(results, args.out, stem, meta)

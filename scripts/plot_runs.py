@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2.experiments import plots
+    from linear_gpt2.experiments import plots, provenance
     from linear_gpt2.experiments import runs as runs_lib
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -101,6 +102,17 @@ def _main(argv: list[str]) -> int:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(ctx_rows)
+    # Where the table came from (reports read it as context_cpu.meta.json). The trainer does not
+    # record a run's commit or versions in its directory, so only the report's are known here.
+    meta = {
+        "how": "measured",
+        "raw": "context_table.csv",
+        "environment": {"device_kind": None, "jax_version": None, "git_commit": None},
+        "note": "the runs' device, versions and commit are not recorded in their directories",
+        "report_environment": provenance.environment(),
+        "runs": [r.name for r in runs],
+    }
+    (out / "context_table.meta.json").write_text(json.dumps({"meta": meta}, indent=1) + "\n")
     table = runs_lib.context_table_markdown(ctx_rows)
     (out / "context_table.md").write_text(
         "Final held-out loss per attention variant (rows) and context (columns); in parentheses "

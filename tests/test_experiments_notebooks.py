@@ -408,5 +408,12 @@ def test_zoology_reference_loss_at_the_queries_equals_zoologys_loss_over_all_pos
     )
     out.write_text(json.dumps(row) + "\n")
     md = tmp_path / "t.md"
-    assert ref.main(["--out", str(out), "--table", str(md), "--batch", "4"]) == 0
+    # The page needs the run's provenance, which training writes before its first update.
+    assert ref.main(["--out", str(out), "--table", str(md)]) == 2
+    args = ref.parse_args(["--out", str(out), "--batch", "4", "--max-hours", "1"])
+    ref.write_meta(args, tmp_path, torch.__version__)
+    meta = json.loads(ref.meta_path(out).read_text())["meta"]
+    assert meta["how"] == "measured" and meta["settings"]["batch"] == 4
+    assert meta["environment"]["torch_version"] == torch.__version__
+    assert ref.main(["--out", str(out), "--table", str(md)]) == 0
     assert "| 50 | 0 | 200 | 0.00215 | 8.500 | 8.370 | 0.2500 | 158 |" in md.read_text()

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from linear_gpt2.experiments import compile_step
-from linear_gpt2.experiments.provenance import json_default
-from linear_gpt2.experiments.step_time import SIZES, model_config, short_error
+from linear_gpt2.experiments import compile_step, reports
+from linear_gpt2.experiments.provenance import git_commit, json_default
+from linear_gpt2.experiments.step_time import model_config, short_error
 from linear_gpt2.model.api import count_params, param_shapes
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.platform.target import CompileError
@@ -58,6 +58,8 @@ class FrontierPoint:
     tried: list[list[Any]] = dataclasses.field(default_factory=list)  # [label, bytes]
     compile_seconds: float | None = None
     error: str | None = None
+    git_commit: str | None = None  # the code it was compiled with (a sweep may span commits)
+    kernel_design: str | None = None  # the spec's kernel_design for the target, if it has one
 
 
 def frontier_point(
@@ -84,9 +86,29 @@ def frontier_point(
     point.memory_bytes = r.compile.memory.total
     point.remat, point.loss_chunk = r.config.remat, r.config.loss_chunk
     point.tried = [[name, m.total] for name, m in r.plan.tried]
+    point.git_commit = git_commit()
+    point.kernel_design = kernel_design(r.config, target, batch, dtype)
     if not r.fits:
         point.status = "too_big"
     return point
+
+
+def kernel_design(
+    cfg: ModelConfig, target: str, batch: int, dtype: str, context: int | None = None
+) -> str | None:
+    """What the attention's ``kernel`` resolves to when the step is compiled for ``target`` at
+    ``[batch, context]`` (the spec's ``kernel_design``, asked under the target's abstract mesh,
+    as in the compile); None for a spec without one."""
+    import jax
+
+    from linear_gpt2.platform import target as targets
+
+    spec = cfg.spec
+    if spec.kernel_design is None:
+        return None
+    shape = (batch, context or cfg.block_size, cfg.n_head, cfg.head_dim)
+    with jax.sharding.use_abstract_mesh(targets.mesh(target).abstract_mesh):
+        return spec.kernel_design(shape, dtype, cfg.attention_options())
 
 
 def run_frontier(
@@ -139,7 +161,7 @@ def frontier_limits(points: Iterable[FrontierPoint]) -> dict[str, dict[str, int 
 
 FRONTIER_FIELDS = [
     "attention", "size", "n_params", "context", "status", "memory_bytes", "remat", "loss_chunk",
-    "tried", "compile_seconds", "error", "target", "git_commit", "jax_version",
+    "tried", "compile_seconds", "error", "target", "git_commit", "kernel_design", "jax_version",
 ]  # fmt: skip
 
 
@@ -158,7 +180,7 @@ def write_frontier(
         for p in points:
             row = dataclasses.asdict(p)
             row["tried"] = ";".join(f"{n}:{b}" for n, b in p.tried)
-            row.update(git_commit=env.get("git_commit"), jax_version=env.get("jax_version"))
+            row.update(jax_version=env.get("jax_version"))  # git_commit: the point's own
             w.writerow({k: row.get(k) for k in FRONTIER_FIELDS})
     limits = frontier_limits(points)
     payload = {
@@ -168,54 +190,8 @@ def write_frontier(
         "post_frontier": POST_FRONTIER,
     }
     json_path.write_text(json.dumps(payload, indent=1, default=json_default) + "\n")
-    md_path.write_text(frontier_markdown(points, meta))
+    reports.page(md_path, reports.memory.frontier_page(json_path.name))
     return csv_path, json_path, md_path
-
-
-def _ctx(n: int | None) -> str:
-    if not n:
-        return "-"
-    return f"{n // 2**20}M" if n >= 2**20 and n % 2**20 == 0 else f"{n // 1024}k"
-
-
-def frontier_markdown(points: Sequence[FrontierPoint], meta: dict[str, Any]) -> str:
-    """The frontier table: largest context that fits per attention x size, ours vs the post's,
-    with the memory and setting at our largest."""
-    limits = frontier_limits(points)
-    by_key = {(p.attention, p.size, p.context): p for p in points}
-    sizes = [s for s in SIZES if any(p.size == s for p in points)]
-    env = meta.get("environment", {})
-    budget = meta.get("settings", {}).get("budget_gib")
-    lines = [
-        f"# Memory frontier on {meta.get('settings', {}).get('target', '?')}: largest context "
-        "whose training step fits",
-        "",
-        f"Measured by compiling for the target on a machine without a GPU (XLA's GPU compiler, "
-        f"deviceless; no step was run): batch 1, bf16, AdamW, the trainer's step, memory "
-        f"settings `auto` (the cheapest that fits {budget} GiB per device). jax "
-        f"{env.get('jax_version')}, commit {env.get('git_commit')}, {env.get('time_utc')}.",
-        "Each cell: our largest power-of-two context (memory there, setting) / the post's.",
-        "",
-        "| attention | " + " | ".join(sizes) + " |",
-        "|---|" + "---|" * len(sizes),
-    ]
-    for name in sorted(limits, key=lambda n: list(POST_FRONTIER["124M"]).index(n)
-                       if n in POST_FRONTIER["124M"] else 99):  # fmt: skip
-        cells = []
-        for size in sizes:
-            ours = limits[name].get(size)
-            post = POST_FRONTIER.get(size, {}).get(name)
-            p = by_key.get((name, size, ours)) if ours else None
-            where = (
-                f" ({p.memory_bytes / 2**30:.1f} GiB, {p.remat}"
-                + (f", loss chunk {p.loss_chunk}" if p.loss_chunk else "")
-                + ")"
-                if p and p.memory_bytes
-                else ""
-            )
-            cells.append(f"{_ctx(ours)}{where} / {_ctx(post)}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def read_frontier(path: str | Path) -> list[FrontierPoint]:

@@ -6,13 +6,12 @@ normal training run of ``scripts/train.py`` on ``data.source: mqar``; see
 
 - ``mqar-zoology`` (``mqar_zoology.yaml``): Zoology's figure 2 cells (L, N) = (64, 4),
   (128, 8) and (256, 16), d_model 64, one head, learned positions, two attention-only
-  layers. Published: attention reaches ~1.0, every gated-convolution model (H3, Hyena, RWKV,
-  BaseConv) <= 0.15 at (256, 16).
+  layers. Published: attention and the best gated-convolution model (H3, Hyena, RWKV,
+  BaseConv) at (256, 16), :data:`PUBLISHED`.
 - ``mqar-rebased`` (``mqar_rebased.yaml``): the ReBased paper's length sweep (Aksenov et al.
   2024, corl-team/rebased), d_model 64, N = 16 at L = 128 and L / 4 beyond, with a kernel-3
   short convolution before the mixer. Published: Based (linear attention with a 2nd-order
-  Taylor feature map, 16 features) ~1.0 / 0.98 / 0.89 / 0.33 at L = 128 / 256 / 512 / 1024;
-  attention (after the same convolution) 1.0 throughout.
+  Taylor feature map) and attention (after the same convolution) per L, :data:`PUBLISHED`.
 
 Both use models without biases (``model.bias: false``, ``configs/mqar/base.yaml``): with
 GPT-2's biases softmax stayed on the 1/N plateau for thousands of updates where the same model
@@ -38,6 +37,9 @@ from typing import Any
 
 from linear_gpt2 import attention as attention_registry
 from linear_gpt2.experiments.plots import pyplot, save
+from linear_gpt2.experiments.reports import mqar as report
+from linear_gpt2.experiments.reports.core import block, page
+from linear_gpt2.experiments.reports.mqar import DECIMALS, best, cell_runs  # noqa: F401
 from linear_gpt2.experiments.runs import find_runs
 from linear_gpt2.training.config import LogConfig
 
@@ -187,103 +189,15 @@ def merge(kept: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list
     return _sorted([r for r in old if (r["protocol"], r["run"]) not in fresh] + list(new))
 
 
-def cell_runs(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """``{(attention, L): the run that cell shows}`` (:func:`best` of the cell's runs)."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["attention"], r["L"]), []).append(r)
-    return {key: best(group) for key, group in groups.items()}
-
-
-DECIMALS = 3  # the report's accuracy precision; best() ties runs that print the same
-
-
-def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The run a table cell shows: one that reached the target, else the highest final
-    accuracy; the papers likewise report the best of their runs. Accuracies equal at the
-    table's precision (three decimals: runs on a plateau differ only by noise) go to the run
-    with the most updates, the one that says most about the cell."""
-    return max(
-        rows,
-        key=lambda r: (
-            bool(r["reached_target"]),
-            round(r["accuracy"] or 0.0, DECIMALS),
-            r["steps"],
-        ),
-    )
-
-
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _fmt(v: float | None) -> str:
-    return "" if v is None else f"{v:.{DECIMALS}f}"
-
-
 def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """The report: per protocol, our accuracy per attention and L beside the published ones."""
-    lines = [
-        "# MQAR on CPU: ours beside the published numbers",
-        "",
-        f"Measured on {meta.get('machine', 'this machine')} ({meta.get('note', '')}).",
-        "Ours: final held-out accuracy (fraction of queries whose value is the argmax over the "
-        "8192-way vocabulary) on the first 'test examples' of the test split (as many as the run's "
-        "evaluation read), one seed and one "
-        "learning rate per run, stopped at 99% as the papers stop; where a cell has several runs "
-        "(settings below) it shows the best. Recipe: the run's departures from "
-        "configs/mqar/base.yaml. Published: best over the papers' learning-rate sweeps.",
-        "",
-    ]
-    for protocol in dict.fromkeys(r["protocol"] for r in rows):
-        mine = [r for r in rows if r["protocol"] == protocol]
-        Ls = sorted(
-            {r["L"] for r in mine} | {L for v in PUBLISHED.get(protocol, {}).values() for L in v}
-        )
-        Ns = {r["L"]: r["N"] for r in mine}
-        lines += [
-            f"## {protocol}",
-            "",
-            f"Published: {SOURCES.get(protocol, '')}.",
-            "",
-            "| attention | "
-            + " | ".join(f"L={L}" + (f" (N={Ns[L]})" if L in Ns else "") for L in Ls)
-            + " |",
-            "|---" * (len(Ls) + 1) + "|",
-        ]
-        by = cell_runs(mine)
-        for att in dict.fromkeys(r["attention"] for r in mine):
-            cells = []
-            for L in Ls:
-                r = by.get((att, L))
-                if r is None:
-                    cells.append("")
-                else:
-                    stop = "" if r["reached_target"] else f", {r['steps']} steps"
-                    acc = "not evaluated" if r["accuracy"] is None else _fmt(r["accuracy"])
-                    cells.append(f"{acc}{stop}")
-            lines.append(f"| ours: {att} | " + " | ".join(cells) + " |")
-        for name, values in PUBLISHED.get(protocol, {}).items():
-            lines.append(
-                f"| published: {name} | " + " | ".join(_fmt(values.get(L)) for L in Ls) + " |"
-            )
-        lines += ["", "Settings of our runs:", ""]
-        lines += [
-            "| attention | L | N | lr | seed | batch | recipe | steps (max) | stopped at 99% | "
-            "accuracy (best) | test examples | train s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in mine:
-            lines.append(
-                f"| {r['attention']} | {r['L']} | {r['N']} | {r['lr']:g} | {r['seed']} | {r['batch']} | "
-                f"{r.get('recipe', 'base')} | {r['steps']} ({r['max_steps']}) | {'yes' if r['reached_target'] else 'no'} | "
-                f"{_fmt(r['accuracy'])} ({_fmt(r['best_accuracy'])}) | {r['test_examples']} | "
-                f"{r['train_seconds']:.0f} |"
-            )
-        lines.append("")
-    if meta.get("notes"):
-        lines += ["## Notes", "", *(f"- {n}" for n in meta["notes"]), ""]
-    return "\n".join(lines)
+    """The report: per protocol, our accuracy per attention and L beside the published ones
+    (:data:`PUBLISHED`, :data:`SOURCES`); rendered by ``reports.mqar``, as ``mqar_cpu.md`` is."""
+    meta = {"published_sources": SOURCES, **meta}
+    return report.markdown(rows, meta, PUBLISHED)
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str | None = None) -> Path:
@@ -351,10 +265,11 @@ def write_report(
         p: {k: {str(L): a for L, a in v.items()} for k, v in d.items()}
         for p, d in PUBLISHED.items()
     }
+    meta = {"how": "measured", "published_sources": SOURCES, **meta}
     paths["json"].write_text(
         json.dumps({"meta": meta, "rows": list(rows), "published": published}, indent=1) + "\n"
     )
-    paths["md"].write_text(markdown(rows, meta))
+    page(paths["md"], block("mqar.report", paths["json"].name))
     machine = meta.get("machine", "this machine")
     title = f"ours: measured on {machine} (steps and settings: {name}.md); published: dashed"
     plot(rows, paths["png"], title=title)

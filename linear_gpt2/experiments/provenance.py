@@ -8,6 +8,7 @@ came from.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -52,6 +53,22 @@ def environment() -> dict[str, Any]:
         "git_commit": git_commit(),
         "host": platform.node(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def allocator() -> dict[str, Any]:
+    """The share of the GPU the allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``; the
+    package sets a default, ``linear_gpt2/__init__.py``) and the limit it reports; None on a
+    CPU, which has neither. What ``auto``'s memory settings were resolved against."""
+    dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        return {"allocator_fraction": None, "allocator_bytes_limit": None}
+    value = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    stats = dev.memory_stats() or {}
+    return {
+        "allocator_fraction": float(value) if value else None,
+        "allocator_fraction_set_by": f"XLA_PYTHON_CLIENT_MEM_FRACTION={value}" if value else None,
+        "allocator_bytes_limit": stats.get("bytes_limit"),
     }
 
 

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import attention
-from linear_gpt2.experiments.axes import context_label, loglog_slope
+from linear_gpt2.experiments import reports
+from linear_gpt2.experiments.axes import loglog_slope
 from linear_gpt2.model.api import Params, decode, decode_init, init_params
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.sampling import next_token
@@ -126,7 +127,7 @@ def write_sample_results(
     rows: Sequence[dict[str, Any]], out_dir: str | Path, stem: str, meta: dict[str, Any]
 ) -> list[Path]:
     """``stem.json`` (meta, rows with raw times, fitted slopes), ``stem.csv`` and ``stem.md``
-    (a table: context x decoder, milliseconds per token)."""
+    (a table: context x decoder, milliseconds per token; ``reports.cpu``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     decoders = list(dict.fromkeys(r["decoder"] for r in rows))
@@ -135,6 +136,7 @@ def write_sample_results(
         pts = [(r["context"], r["median_ms"]) for r in rows if r["decoder"] == d and r["median_ms"]]
         slopes[d] = loglog_slope(*zip(*pts)) if len(pts) >= 2 else None
     paths = [out / f"{stem}.json", out / f"{stem}.csv", out / f"{stem}.md"]
+    meta = {"how": "measured", **meta}
     paths[0].write_text(json.dumps({"meta": meta, "rows": list(rows), "slopes": slopes}, indent=1))
     with paths[1].open("w", newline="") as f:
         w = csv.writer(f)
@@ -144,31 +146,5 @@ def write_sample_results(
             w.writerow(
                 [r["decoder"], r["attention"], r["context"], r["status"], r["median_ms"], times]
             )
-    by = {(r["decoder"], r["context"]): r for r in rows}
-    lines = [
-        f"# Time to sample the next token (ms), {meta.get('title', '')}".rstrip(", "),
-        "",
-        "| context | " + " | ".join(decoders) + " |",
-        "|---" * (len(decoders) + 1) + "|",
-    ]
-    for ctx in sorted({r["context"] for r in rows}):
-        cells = []
-        for d in decoders:
-            r = by.get((d, ctx))
-            cells.append(
-                "" if r is None else "OOM" if r["status"] != "ok" else f"{r['median_ms']:.3g}"
-            )
-        lines.append(f"| {context_label(ctx)} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Fitted log-log slopes (time ~ context^slope): "
-        + ", ".join(f"{d}: {s:.2f}" if s is not None else f"{d}: n/a" for d, s in slopes.items()),
-    ]
-    env = meta.get("environment", {})
-    lines += [
-        "",
-        f"Device {env.get('device_kind')}, jax {env.get('jax_version')}, "
-        f"commit {env.get('git_commit')}.",
-    ]
-    paths[2].write_text("\n".join(lines) + "\n")
+    reports.page(paths[2], reports.block("sample_time.page", paths[0].name))
     return paths
