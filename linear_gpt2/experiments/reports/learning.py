@@ -31,9 +31,10 @@ LABELS = {
 
 
 @renderer("context.table")
-def context_table(csv: Raw) -> str:
-    """Final held-out loss per variant (rows) and context (columns), the gap to ``flash`` in
-    parentheses; a context run with a second seed gets a second column."""
+def context_table(csv: Raw, *, baseline: str) -> str:
+    """Final held-out loss per variant (rows) and context (columns), the gap to ``baseline``
+    (the post's ``flash``) in parentheses; a context run with a second seed gets a second
+    column."""
     rows = _rows(csv)
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     cols = sorted({(r["context"], r["seed"]) for r in rows})
@@ -47,7 +48,7 @@ def context_table(csv: Raw) -> str:
             r = _cell(rows, v, c, s)
             if r is None:
                 cells.append("")
-            elif v == "flash":
+            elif v == baseline:
                 cells.append(f"{r['val']:.3f}")
             else:
                 cells.append(f"{r['val']:.3f} ({r['gap']:+.3f})")

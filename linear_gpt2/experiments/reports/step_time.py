@@ -151,21 +151,22 @@ def _speedups(files: list[Raw], post: dict[str, Any], names: tuple[str, ...]) ->
 
 
 @renderer("step_time.reading")
-def reading(*raws: Raw) -> str:
+def reading(*raws: Raw, baseline: str, candidate: str) -> str:
     """The findings the tables support, computed from them: how much faster than the post,
-    ``LT_chunked`` against ``flash``, and where ours is slower than the post."""
+    ``candidate`` (the post's ``LT_chunked``) against ``baseline`` (its ``flash``), and where ours
+    is slower than the post."""
     files, post = _split(raws)
-    ups = _speedups(files, post, ("flash", "LT_chunked"))
+    ups = _speedups(files, post, (baseline, candidate))
     base = [x for x, _ in ups.get("124M", [])]
     larger_ = [x for s, v in ups.items() if s != "124M" for x, _ in v]
     everywhere = all(x > 1 for x in base + larger_)
     lines = [
-        f"- `flash` and `LT_chunked` are faster than the post's "
+        f"- `{baseline}` and `{candidate}` are faster than the post's "
         f"{'at every setting timed' if everywhere else 'at some settings'}: "
         f"{min(base):.2f}x to {max(base):.2f}x at 124M; {min(larger_):.2f}x to "
         f"{max(larger_):.2f}x for the larger models."
     ]
-    lines += _chunked_vs_flash(files, post)
+    lines += _pair(files, post, baseline, candidate)
     slower = [
         (r, p) for s, v in _speedups(files, post, tuple(_names(files))).items()
         for x, r in v if x < 1 for p in [_post(post, s, r["attention"], r["context"])]
@@ -187,39 +188,43 @@ def _names(files: list[Raw]) -> list[str]:
     return list(dict.fromkeys(r["attention"] for r in _results(files)))
 
 
-def _chunked_vs_flash(files: list[Raw], post: dict[str, Any]) -> list[str]:
+def _pair(files: list[Raw], post: dict[str, Any], baseline: str, candidate: str) -> list[str]:
+    """``candidate`` against ``baseline`` per size and context: the baseline's time over the
+    candidate's (above 1: the candidate is faster)."""
     by = {(r["size"], r["attention"], r["context"]): r for r in _results(files) if _ok(r)}
     pairs: dict[str, list[tuple[int, float]]] = {}
-    for (size, name, c), f in by.items():
-        lt = by.get((size, "LT_chunked", c))
-        if name == "flash" and lt:
-            pairs.setdefault(size, []).append((c, f["median_ms"] / lt["median_ms"]))
+    for size, c in sorted({(s, c) for s, _, c in by}):
+        b, x = by.get((size, baseline, c)), by.get((size, candidate, c))
+        if b and x:
+            pairs.setdefault(size, []).append((c, b["median_ms"] / x["median_ms"]))
     lines = []
     if "124M" in pairs:
         pts = sorted(pairs["124M"])
         wins = all(x > 1 for _, x in pts)
         lines.append(
-            f"- At 124M `LT_chunked` {'beats' if wins else 'against'} `flash` at every context "
-            f"timed: {', '.join(f'{x:.2f}x at {context_label(c)}' for c, x in pts)}."
+            f"- At 124M `{candidate}` {'beats' if wins else 'against'} `{baseline}` at every "
+            f"context timed: {', '.join(f'{x:.2f}x at {context_label(c)}' for c, x in pts)}."
         )
-    lines += chunked_vs_flash_larger(pairs, post)
+    lines += pair_larger(pairs, post, baseline, candidate)
     return lines
 
 
-def chunked_vs_flash_larger(pairs: dict[str, list[tuple[int, float]]], post: dict) -> list[str]:
-    """Per context above 124M: ``LT_chunked``'s time against ``flash``'s per size, the post's
-    beside it, and where ours is not faster (the post's claim was "strictly faster at all
-    context and model sizes")."""
+def pair_larger(
+    pairs: dict[str, list[tuple[int, float]]], post: dict, baseline: str, candidate: str
+) -> list[str]:
+    """Per context above 124M: ``candidate``'s time against ``baseline``'s per size, the post's
+    beside it, and where ours is not faster (the post's claim for ``LT_chunked`` against
+    ``flash`` was "strictly faster at all context and model sizes")."""
     sizes = sorted((s for s in pairs if s != "124M"), key=_size_order)
     contexts = sorted({c for s in sizes for c, _ in pairs[s]})
     lines, slower = [], []
     for c in contexts:
         parts = []
         for s in sizes:
-            x = dict(pairs[s]).get(c)  # flash / LT_chunked
+            x = dict(pairs[s]).get(c)  # baseline / candidate
             if x is None:
                 continue
-            pf, pl = _post(post, s, "flash", c), _post(post, s, "LT_chunked", c)
+            pf, pl = _post(post, s, baseline, c), _post(post, s, candidate, c)
             theirs = (
                 f" (post {_less_more(pl / pf)})"
                 if isinstance(pf, float) and isinstance(pl, float)
@@ -229,43 +234,42 @@ def chunked_vs_flash_larger(pairs: dict[str, list[tuple[int, float]]], post: dic
             if x < 1:
                 slower.append(f"{s} at {context_label(c)}")
         lines.append(
-            f"- `LT_chunked`'s step against `flash`'s at {context_label(c)}: "
+            f"- `{candidate}`'s step against `{baseline}`'s at {context_label(c)}: "
             + ", ".join(parts)
             + "."
         )
     if slower:
         lines.append(
-            "- The post's claim, `LT_chunked` strictly faster than FlashAttention at every context "
-            f"and model size, is not met by ours at {', '.join(slower)}."
+            f"- The post's claim, `{candidate}` strictly faster than `{baseline}` at every "
+            f"context and model size, is not met by ours at {', '.join(slower)}."
         )
     return lines
 
 
 def _less_more(r: float) -> str:
-    """A time ratio (LT_chunked / flash) in words: ``2.3% less time``, ``1.75x faster``."""
+    """A time ratio (candidate / baseline) in words: ``2.3% less time``, ``1.75x faster``."""
     if r < 1 / 1.1:
         return f"{1 / r:.2f}x faster"
     return f"{abs(1 - r):.1%} {'less' if r < 1 else 'more'} time"
 
 
-@renderer("step_time.chunked_vs_flash")
-def chunked_vs_flash(*raws: Raw) -> str:
-    """The ``LT_chunked`` / ``flash`` comparison alone (the README's sentence)."""
+@renderer("step_time.pair")
+def pair(*raws: Raw, baseline: str, candidate: str) -> str:
+    """``candidate`` against ``baseline`` alone (the README's sentence on ``LT_chunked`` and
+    ``flash``)."""
     files, post = _split(raws)
-    return "\n".join(_chunked_vs_flash(files, post))
+    return "\n".join(_pair(files, post, baseline, candidate))
 
 
 @renderer("step_time.long_contexts")
-def long_contexts(*raws: Raw) -> str:
+def long_contexts(*raws: Raw, first: str = "") -> str:
     """The longer contexts timed by the memory check, one process per point, beside the
-    post's."""
+    post's; the rows of attention ``first`` lead."""
     files, post = _split(raws)
     body = []
     for f in files:
         s = f.data["meta"]["settings"]
-        for r in sorted(
-            f.data["rows"], key=lambda r: (r["attention"] != "LT_chunked", r["context"])
-        ):
+        for r in sorted(f.data["rows"], key=lambda r: (r["attention"] != first, r["context"])):
             if r.get("status") != "ok":
                 continue
             p = _post(post, r["size"], r["attention"], r["context"])
