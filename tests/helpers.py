@@ -1,6 +1,16 @@
 """Shared test utilities."""
 
 import numpy as np
+import pytest
+
+# Tests (or parameter cases) over ~4 s on an idle 2-core CPU: `make test-fast` leaves them out,
+# `make test` (CI) runs them.
+SLOW = pytest.mark.slow
+
+
+def slow(*values):
+    """A parameter case marked slow: ``slow("LT_chunked")``, ``slow(shape, c, ...)``."""
+    return pytest.param(*values, marks=SLOW)
 
 
 def rel_err(out, ref) -> float:

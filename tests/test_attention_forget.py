@@ -24,7 +24,7 @@ from linear_gpt2.model.tokenizer import EOT
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.config import load_config
 from linear_gpt2.training.data.packing import document_ids, split_window
-from tests.helpers import rel_err
+from tests.helpers import SLOW, rel_err, slow
 from tests.test_attention_linear import LINEAR, _phi
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
@@ -164,7 +164,9 @@ def test_every_formulation_equals_the_float64_recurrence(name, feature_map):
 ALL = ["softmax", "flash", *LINEAR]
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize(
+    "name", [slow(n) if n in ("LT_chunked", "LT_state_parallel") else n for n in ALL]
+)
 def test_second_document_of_a_row_is_computed_as_if_alone(name):
     """With resets, positions of the second document neither see the first nor its state: its
     outputs equal those of the document alone (and so do its decays, the same gates)."""
@@ -209,7 +211,7 @@ def test_cudnn_packed_segments_describe_the_documents():
 # Decoders: token by token and split prefills equal the whole sequence
 
 
-@pytest.mark.parametrize("name", ["softmax", "LT_chunked"])
+@pytest.mark.parametrize("name", ["softmax", slow("LT_chunked")])
 def test_decoder_steps_and_prefills_equal_the_full_pass(name):
     q, k, v, _, log_gate, resets = make_inputs("gate" if name != "softmax" else "none", True)
     kw = {"resets": jnp.asarray(resets)}
@@ -239,6 +241,7 @@ def test_decoder_steps_and_prefills_equal_the_full_pass(name):
 # Strong decay over a long sequence
 
 
+@SLOW
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", ["LT_chunked", "LT_state_parallel"])
 def test_gradients_stay_finite_with_gamma_1e3_over_64k_positions(name, dtype):
@@ -263,6 +266,7 @@ def test_gradients_stay_finite_with_gamma_1e3_over_64k_positions(name, dtype):
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=EOT + 1, block_size=64)
 
 
+@SLOW
 def test_gate_parameters_exist_only_with_decay_gate():
     for decay, expect in (("none", False), ("fixed", False), ("gate", True)):
         p = init_params(ModelConfig(**SMALL, attention="LT_chunked", decay=decay), 0)
@@ -290,6 +294,7 @@ def test_interop_refuses_what_gpt2_cannot_represent():
     interop.from_hf(sd, plain.replace(decay="fixed"))  # no parameters: imports
 
 
+@SLOW
 def test_model_uses_loader_documents_and_defaults_to_eot():
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, 1000, (2, 40))

@@ -10,7 +10,7 @@ import pytest
 from linear_gpt2 import attention
 from linear_gpt2.model import forward, init_params, loss_fn
 from linear_gpt2.model.config import ModelConfig
-from tests.helpers import rel_err
+from tests.helpers import SLOW, rel_err
 
 BASE = dict(vocab_size=61, block_size=16, n_layer=2, n_head=2, n_embd=16, chunk_size=4)
 SOFTMAX_FAMILY = ("softmax", "flash")
@@ -46,6 +46,7 @@ def test_each_attention_trains_a_few_steps(name):
     assert losses[-1] < losses[0] - 0.1, losses
 
 
+@SLOW
 @pytest.mark.parametrize("family", [SOFTMAX_FAMILY, LINEAR_FAMILY], ids=["softmax", "linear"])
 def test_formulations_of_one_function_give_the_same_model(family):
     inputs, _ = batch()

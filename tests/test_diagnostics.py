@@ -22,6 +22,7 @@ from linear_gpt2.training.optim import optimizer
 from linear_gpt2.training.sharding import make_mesh
 from linear_gpt2.training.spikes import SpikeCounter
 from linear_gpt2.training.train_step import jit_train_step
+from tests.helpers import SLOW
 
 
 def _ln(x, p):
@@ -190,6 +191,7 @@ checkpoint: {resume: auto, every: 100, async_save: false}
 """
 
 
+@SLOW
 def test_learning_rate_jump_is_counted_as_a_spike_and_diagnostics_are_logged(tmp_path, monkeypatch):
     from linear_gpt2.training import trainer
     from linear_gpt2.training.config import load_config

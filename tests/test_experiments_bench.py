@@ -12,6 +12,7 @@ from linear_gpt2 import attention
 from linear_gpt2.experiments import frontier, provenance
 from linear_gpt2.experiments import step_time as bench
 from linear_gpt2.platform.memory import is_oom
+from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +24,7 @@ def load_script(name: str):
     return mod
 
 
+@SLOW
 def test_every_attention_runs_and_the_memory_cap_records_the_limit(tmp_path):
     script = load_script("bench_step")
     # Every registered attention, one short context (compilation dominates on CPU).
@@ -68,6 +70,7 @@ def test_every_attention_runs_and_the_memory_cap_records_the_limit(tmp_path):
     assert (tmp_path / "cap_tiny.png").stat().st_size > 0
 
 
+@SLOW
 def test_a_real_oom_ends_the_sweep_for_that_setting(monkeypatch):
     """XLA's RESOURCE_EXHAUSTED from the device (faked: CPU memory is unbounded) is the limit
     of that attention and size; the next attention starts again from the shortest context."""

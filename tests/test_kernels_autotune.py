@@ -18,7 +18,7 @@ from linear_gpt2.attention import autotune
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.config import load_config, load_config_from_dict
-from tests.helpers import rel_err
+from tests.helpers import SLOW, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,6 +121,7 @@ def test_config_accepts_auto_and_ints():
 # The benchmark, end to end
 
 
+@SLOW
 def test_bench_kernels_tiny(tmp_path):
     out = subprocess.run(
         [

@@ -31,7 +31,7 @@ from linear_gpt2 import attention
 from linear_gpt2.attention import linear, lt_chunked
 from linear_gpt2.kernels.lt_chunked import ops as chunked_kernels
 from linear_gpt2.kernels.lt_chunked import plan
-from tests.helpers import rel_err
+from tests.helpers import SLOW, rel_err, slow
 from tests.test_attention_linear import _phi
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
@@ -91,13 +91,13 @@ def reference_grads(q, k, v, log_gate, resets, dy, feature_map="softplus"):
 
 
 CASES = [  # shape, c, resets in row 0, decay, segments (None: the plan's), gradient kernels
-    ((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", None, None),  # T, D padded; 4 segments
+    slow((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", None, None),  # T, D padded; 4 segments
     ((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", 1, (("dq", "dk", "dv"),)),
-    ((2, 61, 3, 8), 16, (0, 31, 32, 33), "fixed", 2, (("dq",), ("dk", "dv"))),
+    slow((2, 61, 3, 8), 16, (0, 31, 32, 33), "fixed", 2, (("dq",), ("dk", "dv"))),
     ((2, 61, 3, 8), 16, (16, 31, 35), "none", 2, None),  # resets only
-    ((1, 100, 1, 64), 32, (0, 31, 32, 50, 51, 52), "gate", 2, None),
-    ((1, 128, 1, 128), 64, (63, 64, 100), "gate", None, None),
-    ((1, 256, 1, 32), 128, (127, 130), "gate", 1, None),  # 2 row tiles
+    slow((1, 100, 1, 64), 32, (0, 31, 32, 50, 51, 52), "gate", 2, None),
+    slow((1, 128, 1, 128), 64, (63, 64, 100), "gate", None, None),
+    slow((1, 256, 1, 32), 128, (127, 130), "gate", 1, None),  # 2 row tiles
 ]
 
 
@@ -129,6 +129,7 @@ def test_chunk_kernels_equal_the_float64_recurrence(
         assert rel_err(g, r64) <= 1e-4, (label, rel_err(g, r64))
 
 
+@SLOW
 def test_registry_kernel_equals_the_float64_recurrence():
     """Through ``attention.get``: ``kernel=pallas`` with resets and gates runs the chunk-parallel
     kernels (no fallback warning) and equals the loop of tests/test_attention_forget.py."""
@@ -255,6 +256,7 @@ def test_gate_projection_keeps_bfloat16_inputs_and_float32_precision():
     assert "bf16[2,8,32]" in jaxpr and "f32[2,8,32]" not in jaxpr
 
 
+@SLOW
 def test_decoder_prefill_with_forgetting_through_the_kernels():
     """The decoder's prefill (``kernel=pallas``) continues a state through resets and gates with
     the chunk-parallel kernels, equal to the XLA prefill: outputs and the state it returns."""

@@ -17,7 +17,7 @@ from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.platform.memory import MemoryReport
 from linear_gpt2.training import memory_plan
 from linear_gpt2.training.config import load_config
-from tests.helpers import rel_err
+from tests.helpers import rel_err, slow
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
@@ -61,8 +61,8 @@ CFG = ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=97, block_size=64)
 @pytest.mark.parametrize(
     "attention, loss_chunk, remat",
     [
-        ("softmax", 16, "none"),
-        ("LT_chunked", 0, "dots"),
+        slow("softmax", 16, "none"),
+        slow("LT_chunked", 0, "dots"),
         ("flash", 7, "full"),
         ("LT_attention_parallel", 0, "offload"),
     ],

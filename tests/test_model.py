@@ -12,7 +12,7 @@ import pytest
 from linear_gpt2.model import count_params, forward, init_params, loss_fn
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.loss import cross_entropy
-from tests.helpers import rel_err
+from tests.helpers import SLOW, rel_err
 
 TINY = dict(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=32)
 
@@ -133,6 +133,7 @@ def test_bfloat16_compute_is_close_to_float32_and_returns_float32(tiny):
     assert rel_err(bf16, f32) < 2e-2
 
 
+@SLOW
 def test_remat_changes_memory_not_values(tiny):
     cfg, p = tiny
     tokens = jax.random.randint(jax.random.key(2), (2, 16), 0, cfg.vocab_size)

@@ -9,6 +9,7 @@ import pytest
 from linear_gpt2.model import correct, decode_init, forward, init_params, interop, loss_fn
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.layers import ShortConv
+from tests.helpers import SLOW
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 # Jitted (the config is static): op-by-op Flax is slow on a loaded CPU.
@@ -56,6 +57,7 @@ def test_short_conv_is_a_causal_depthwise_convolution_within_documents():
         decode_init(cfg, 1)
 
 
+@SLOW
 @pytest.mark.parametrize("loss_chunk", [0, 5])
 def test_loss_at_labelled_positions_equals_the_full_loss(loss_chunk):
     cfg = ModelConfig(**SMALL, attention="LT_chunked", chunk_size=4, mlp=False, short_conv=3)

@@ -5,9 +5,11 @@ O(context) work dwarfs the fixed per-token cost, with interleaved rounds and med
 
 import json
 
+from tests.helpers import SLOW
 from tests.test_experiments_bench import load_script
 
 
+@SLOW
 def test_kv_cache_grows_with_context_and_recurrent_state_does_not(tmp_path):
     script = load_script("bench_sample")
     assert script.main(["--tiny", "--steps", "5", "--rounds", "3", "--out", str(tmp_path)]) == 0
