@@ -522,3 +522,27 @@ def test_the_exit_code_table_of_the_docs_matches_the_code():
             assert named.get(name) == code, (name, code)
     assert errors.UsageError.exit_code == 2 and errors.RunError.exit_code == 1
     assert cli.run(lambda argv: (_ for _ in ()).throw(KeyboardInterrupt), []) == 130
+
+
+def test_third_party_warnings_are_dropped_and_ours_kept(monkeypatch):
+    """Told apart by the code that calls ``warnings.warn``, not by the module a stacklevel
+    names: a warning of ours pointing at a caller inside JAX still shows."""
+    import warnings
+
+    theirs = {"__name__": "jax._src.somewhere"}
+    exec("import warnings\ndef f():\n    warnings.warn('theirs', stacklevel=2)\n", theirs)
+    ours = {"__name__": "linear_gpt2.somewhere"}
+    exec("import warnings\ndef g():\n    warnings.warn('ours', stacklevel=2)\n", ours)
+    theirs["g"] = ours["g"]
+    monkeypatch.setenv(cli.DEBUG_ENV, "")  # --debug sets it; restored after the test
+
+    def main(argv):
+        exec("g()", theirs)  # ours, attributed by its stacklevel to a JAX module
+        theirs["f"]()
+        return 0
+
+    for argv, shown in (([], ["ours"]), (["--debug"], ["ours", "theirs"])):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert cli.run(main, argv) == 0
+        assert [str(w.message) for w in seen] == shown

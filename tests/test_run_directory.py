@@ -86,27 +86,36 @@ def _error_line(stderr: str) -> str:
 
 
 def test_two_trainers_on_one_run_directory_one_trains_the_other_refuses(tmp_path):
-    """Started together: one trains to the end, the other exits 1 before writing anything, in
-    one line naming the holder; the log has each step once."""
+    """Started together: one trains (until it is stopped, so that the other cannot come after
+    it finished), the other exits 1 before writing anything, in one line naming the holder; the
+    log has each step once."""
     run_dir = tmp_path / "run"
-    steps = 200  # long enough that the later one starts while the first trains
-    procs = [_train(run_dir, f"train.max_steps={steps}", "checkpoint.every=50") for _ in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    codes = sorted(p.returncode for p in procs)
-    assert codes == [0, 1], [o[1][-2000:] for o in outs]
-    winner, loser = (0, 1) if procs[0].returncode == 0 else (1, 0)
-    line = _error_line(outs[loser][1])
+    procs = [_train(run_dir, "train.max_steps=100000", "checkpoint.every=1000") for _ in range(2)]
+    deadline = time.monotonic() + 300
+    while all(p.poll() is None for p in procs):
+        assert time.monotonic() < deadline, "neither trainer refused"
+        time.sleep(0.05)
+    loser = next(p for p in procs if p.poll() is not None)
+    winner = next(p for p in procs if p is not loser)
+    _, err = loser.communicate()
+    assert loser.returncode == 1, err[-3000:]
+    line = _error_line(err)
     for word in (
         f"log.run_dir {run_dir}",
         "in use by another trainer",
-        f"pid {procs[winner].pid}",
+        f"pid {winner.pid}",
         f"host {socket.gethostname()}",
         "since ",
         "log.run_dir=",
     ):
         assert word in line, (word, line)
-    assert len([x for x in outs[loser][1].splitlines() if x.strip()]) == 1, outs[loser][1]
-    assert [r["step"] for r in _records(run_dir)] == list(range(1, steps + 1))
+    assert len([x for x in err.splitlines() if x.strip()]) == 1, err
+    _wait_for_step(winner, run_dir, 1)
+    winner.send_signal(signal.SIGTERM)
+    out, err = winner.communicate(timeout=300)
+    assert winner.returncode == 0 and "stopped by signal" in out, err[-3000:]
+    steps = [r["step"] for r in _records(run_dir)]
+    assert steps == list(range(1, len(steps) + 1)) and steps
     assert not (run_dir / run_lock.LOCK_FILE).exists()  # released at the end
 
 

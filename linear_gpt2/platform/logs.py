@@ -6,11 +6,11 @@ TensorStore's.
 :mod:`linear_gpt2.platform.cli` sets XLA's minimum log level to FATAL when it is imported
 (:func:`quiet_native_logs`: ``TF_CPP_MIN_LOG_LEVEL=3``, which jaxlib reads once as it loads;
 a crash still says why), and while an entry point runs raises those Python loggers to CRITICAL
-and ignores the Python warnings those packages raise (:func:`quiet_python_logs`). Our own warnings are untouched:
-they are ``warning: ...`` lines printed to stderr, ``warnings.warn`` from ``linear_gpt2`` and the
-``linear_gpt2.*`` loggers. With ``--debug`` (or ``LINEAR_GPT2_DEBUG=1``) nothing is hidden. A
-log level the user set is kept; the one set here is marked, so that a process started with
-``--debug`` by a quiet one (a sweep point) shows everything again.
+and drops the Python warnings those packages issue (:func:`quiet_python_logs`). Our own
+warnings are untouched: ``warning: ...`` lines printed to stderr, ``warnings.warn`` called from
+``linear_gpt2`` and the ``linear_gpt2.*`` loggers. With ``--debug`` (or ``LINEAR_GPT2_DEBUG=1``)
+nothing is hidden. A log level the user set is kept; the one set here is marked, so that a
+process started with ``--debug`` by a quiet one (a sweep point) shows everything again.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -26,8 +27,12 @@ DEBUG_FLAG = "--debug"
 NATIVE_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"  # XLA's (and TSL's): read once, when jaxlib loads
 _SET_HERE_ENV = "LINEAR_GPT2_QUIET_NATIVE"  # NATIVE_LEVEL_ENV was set by this module
 THIRD_PARTY_LOGGERS = ("absl", "jax", "jaxlib", "orbax", "tensorstore", "flax", "etils", "optax")
-# Modules whose Python warnings are theirs, not ours (matched against the warning's module).
-_THIRD_PARTY_MODULES = r"(jax|jaxlib|flax|orbax|optax|absl|tensorstore|etils|chex)(\.|$)"
+# Packages whose Python warnings are theirs, not ours: told by the code that called warn(), not
+# by the module a stacklevel attributes the warning to (ours point at our callers, theirs often
+# at our code).
+_THIRD_PARTY_PACKAGES = frozenset(
+    ("jax", "jaxlib", "flax", "orbax", "optax", "absl", "tensorstore", "etils", "chex")
+)
 
 
 def debug_enabled(argv: Sequence[str] = ()) -> bool:
@@ -59,7 +64,14 @@ def quiet_python_logs(enabled: bool = True) -> Iterator[None]:
     loggers = [logging.getLogger(name) for name in THIRD_PARTY_LOGGERS]
     levels = [logger.level for logger in loggers]
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", module=_THIRD_PARTY_MODULES)
+        show = warnings.showwarning
+
+        def show_ours(message, category, filename, lineno, file=None, line=None):
+            if _issued_by_third_party():
+                return
+            show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show_ours
         for logger in loggers:
             logger.setLevel(logging.CRITICAL)
         try:
@@ -67,3 +79,14 @@ def quiet_python_logs(enabled: bool = True) -> Iterator[None]:
         finally:
             for logger, level in zip(loggers, levels):
                 logger.setLevel(level)
+
+
+def _issued_by_third_party() -> bool:
+    """Whether the code that called ``warnings.warn`` (the first frame above the warnings
+    machinery and this module) belongs to one of the third-party packages."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in ("warnings", __name__):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    return str(frame.f_globals.get("__name__", "")).split(".")[0] in _THIRD_PARTY_PACKAGES
