@@ -34,18 +34,26 @@ def _main(argv: list[str]) -> int:
     from linear_gpt2.experiments import provenance
     from linear_gpt2.experiments import step_time as bench
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(
+        prog="scripts/bench_sample.py",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--attentions", nargs="+", default=["softmax", "LT_chunked"])
-    p.add_argument("--sizes", nargs="+", default=None, help=f"of {', '.join(bench.SIZES)}")
-    p.add_argument("--contexts", nargs="+", type=int, default=None)
+    p.add_argument("--sizes", nargs="+", default=None, choices=list(bench.SIZES))
+    p.add_argument("--contexts", nargs="+", type=cli.positive_int, default=None)
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float32"))
-    p.add_argument("--steps", type=int, default=10, help="timed tokens per round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=cli.positive_int, default=10, help="timed tokens per round")
+    p.add_argument("--rounds", type=cli.positive_int, default=3)
     p.add_argument("--prefill", action="store_true", help="fill half the cache first")
     p.add_argument("--tiny", action="store_true", help="tiny model and contexts: CPU")
     p.add_argument("--out", default=str(provenance.REPO / "benchmarks" / "results"))
     p.add_argument("--stem", default=None, help="default sample_time_<device>")
     args = p.parse_args(argv)
+    from linear_gpt2 import attention
+
+    for name in args.attentions:
+        attention.spec(name)  # an unknown name is a usage error before anything runs
 
     from linear_gpt2.training import distributed
 

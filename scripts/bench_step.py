@@ -38,6 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from linear_gpt2.platform import cli  # noqa: E402  (before JAX: it sets XLA's log level)
+
+# isort: split
 from linear_gpt2 import attention
 from linear_gpt2.experiments import (
     frontier,
@@ -45,22 +48,29 @@ from linear_gpt2.experiments import (
     provenance,
 )
 from linear_gpt2.experiments import step_time as bench
-from linear_gpt2.platform import cli
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(
+        prog="scripts/bench_step.py",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--attentions", nargs="+", default=None, help="default: every registered name")
-    p.add_argument("--sizes", nargs="+", default=None, help=f"of {', '.join(bench.SIZES)}")
-    p.add_argument("--contexts", nargs="+", type=int, default=None, help="explicit contexts")
-    p.add_argument("--min-context", type=int, default=1024)
-    p.add_argument("--max-context", type=int, default=2**20)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--sizes", nargs="+", default=None, choices=list(bench.SIZES))
+    p.add_argument(
+        "--contexts", nargs="+", type=cli.positive_int, default=None, help="explicit contexts"
+    )
+    p.add_argument("--min-context", type=cli.positive_int, default=1024)
+    p.add_argument("--max-context", type=cli.positive_int, default=2**20)
+    p.add_argument("--batch", type=cli.positive_int, default=1)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--chunk-sizes", nargs="+", type=int, default=None)
-    p.add_argument("--max-bytes", type=int, default=None, help="simulated device memory (bytes)")
+    p.add_argument("--warmup", type=cli.nonnegative_int, default=2)
+    p.add_argument("--repeats", type=cli.positive_int, default=5)
+    p.add_argument("--chunk-sizes", nargs="+", type=cli.positive_int, default=None)
+    p.add_argument(
+        "--max-bytes", type=cli.positive_int, default=None, help="simulated device memory (bytes)"
+    )
     p.add_argument("--tiny", action="store_true", help="tiny model, short contexts: CPU smoke run")
     p.add_argument("--out", default=str(provenance.REPO / "benchmarks" / "results"))
     p.add_argument("--stem", default=None, help="output file stem (default step_time_<device>)")
@@ -75,7 +85,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--full-compile", action="store_true", help="with --tiny: optimise as for real timings"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.min_context > args.max_context:
+        p.error(f"--min-context {args.min_context} is above --max-context {args.max_context}")
+    for name in args.attentions or ():
+        attention.spec(name)  # an unknown name is a usage error before anything runs
+    if args.target:
+        from linear_gpt2.platform import target
+
+        target.get(args.target)
+    return args
 
 
 def frontier_main(args) -> int:

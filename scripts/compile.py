@@ -31,28 +31,35 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2.experiments import compile_step
-from linear_gpt2.platform import cli  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402  (before JAX: it sets XLA's log level)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from linear_gpt2.platform import target
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(
+        prog="scripts/compile.py",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("config", nargs="?", help="run config (YAML); omit with --attention")
     p.add_argument(
         "overrides", nargs="*", help="section.key=value (attention options with --attention)"
     )
     p.add_argument("--target", default=target.DEFAULT, help=f"one of {', '.join(target.names())}")
     p.add_argument("--list-targets", action="store_true", help="describe the targets and exit")
-    p.add_argument("--batch", type=int, default=None, help="one micro-step of N sequences")
+    p.add_argument(
+        "--batch", type=cli.positive_int, default=None, help="one micro-step of N sequences"
+    )
     p.add_argument("--kernels", action="store_true", help="report every Pallas/Triton kernel")
     p.add_argument("--fail-on-spill", action="store_true", help="a register spill is an error")
     p.add_argument("--frontier", action="store_true", help="search the largest context that fits")
-    p.add_argument("--budget-gib", type=float, default=None, help="override the target's budget")
+    p.add_argument(
+        "--budget-gib", type=cli.positive_float, default=None, help="override the target's budget"
+    )
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
     p.add_argument("--attention", default=None, help="compile this attention alone")
-    p.add_argument("--shape", nargs=4, type=int, metavar=("B", "T", "H", "D"))
+    p.add_argument("--shape", nargs=4, type=cli.positive_int, metavar=("B", "T", "H", "D"))
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--forward-only", action="store_true", help="attention: no backward pass")
     # Overrides may come before options: argparse leaves "a=b" words for the positionals.
@@ -68,6 +75,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("give a CONFIG, or --attention NAME --shape B T H D")
     if args.attention is not None and args.shape is None:
         p.error("--attention needs --shape B T H D")
+    if args.target not in target.TARGETS:
+        target.get(args.target)  # the one-line error listing the targets
+    if args.json and not Path(args.json).absolute().parent.is_dir():
+        p.error(f"--json {args.json}: its directory does not exist")
     return args
 
 
@@ -109,6 +120,7 @@ def print_kernels(report) -> None:
 
 
 def run_attention(args) -> int:
+    from linear_gpt2.experiments import compile_step
 
     options = {}
     for o in args.overrides:
@@ -150,6 +162,7 @@ def _is_float(v: str) -> bool:
 
 
 def run_step(args) -> int:
+    from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform import target
     from linear_gpt2.platform.memory import GiB
     from linear_gpt2.training.config import load_config

@@ -21,7 +21,8 @@ this machine (a run directory of the same protocol and name replaces its row); r
 their departures from the base recipe.
 ``key=value`` overrides apply to every run.
 
-Exit codes: 0 when every run finished (or was skipped), 1 when one failed, 2 for bad arguments.
+Exit codes: 0 when every run finished (or was skipped), 1 when one failed, 2 for bad arguments
+or when a run was not run because its directory holds another experiment (stale).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ from linear_gpt2.platform import cli  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(
+        prog="scripts/mqar.py",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("overrides", nargs="*", help="key=value applied to every run")
     p.add_argument("--protocol", choices=("zoology", "rebased", "all"), default="all")
     p.add_argument("--sweep", nargs="+", default=None, help="sweep files instead of --protocol")
@@ -50,7 +55,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--note", action="append", default=[], help="a note for the report (repeat)")
     p.add_argument("--keep", default=None, help="an earlier report's JSON: keep its rows")
     p.add_argument("--debug", action="store_true", help="print tracebacks (LINEAR_GPT2_DEBUG=1)")
-    return p.parse_intermixed_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if args.keep and not Path(args.keep).is_file():
+        raise cli.UsageError(f"--keep {args.keep}: no such report; give a mqar_cpu.json")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,16 +80,13 @@ def _main(argv: list[str]) -> int:
     sweeps = [sweep_lib.load_sweep(f, args.overrides) for f in files]
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    failed = {}
+    outcomes: dict[str, str] = {}
     if not args.report_only:
         for sweep in sweeps:
-            outcomes = sweep_lib.run_sweep(sweep, in_process=args.in_process, extra=args.overrides)
-            failed.update({k: v for k, v in outcomes.items() if v.startswith(("failed", "stale"))})
-    kept = []
-    if args.keep:
-        if not Path(args.keep).is_file():
-            raise cli.UsageError(f"--keep {args.keep}: no such report; give a mqar_cpu.json")
-        kept = mqar.read_report(args.keep)["rows"]
+            outcomes.update(
+                sweep_lib.run_sweep(sweep, in_process=args.in_process, extra=args.overrides)
+            )
+    kept = mqar.read_report(args.keep)["rows"] if args.keep else []
     rows = mqar.merge(kept, mqar.collect([s.out_dir for s in sweeps if s.out_dir.exists()]))
     if not rows:
         raise cli.UsageError(
@@ -109,9 +114,8 @@ def _main(argv: list[str]) -> int:
     print(Path(paths["md"]).read_text())
     for p in paths.values():
         print(f"wrote {p}")
-    if failed:
-        print(f"failed runs: {failed}", file=sys.stderr)
-    return 1 if failed else 0
+    sweep_lib.raise_for_outcomes("MQAR (" + ", ".join(s.name for s in sweeps) + ")", outcomes)
+    return 0
 
 
 def _shown(path: Path, repo: Path) -> str:

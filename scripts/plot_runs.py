@@ -43,7 +43,11 @@ def _main(argv: list[str]) -> int:
     from linear_gpt2.experiments import plots, provenance
     from linear_gpt2.experiments import runs as runs_lib
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(
+        prog="scripts/plot_runs.py",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("runs", nargs="*", help="run directories or directories of runs")
     p.add_argument("--wandb-project", default=None)
     p.add_argument("--wandb-group", default=None)
@@ -52,6 +56,11 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--out", default="figures")
     p.add_argument("--label", default="", help="appended to every figure's title (machine, budget)")
     args = p.parse_args(argv)
+    if not 0 <= args.smooth < 1:
+        p.error(f"argument --smooth: must be in [0, 1), got {args.smooth}")
+    missing = [r for r in args.runs if not Path(r).exists()]
+    if missing:
+        raise cli.UsageError(f"no such run directory: {', '.join(missing)}")
     runs = runs_lib.find_runs(args.runs) if args.runs else []
     if args.wandb_project:
         runs += runs_lib.load_wandb_runs(args.wandb_project, args.wandb_group, args.wandb_entity)

@@ -33,8 +33,10 @@ def _main(argv: list[str]) -> int:
     from linear_gpt2.training.config import load_config
     from linear_gpt2.training.data import DEFAULT_SAMPLE_DIR, c4_files, ensure_sample
 
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ap = cli.ArgumentParser(
+        prog="scripts/prepare_data.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.path=/dir")
     ap.add_argument("--config", default=None, help="YAML run config")

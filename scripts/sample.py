@@ -32,13 +32,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(
+        prog="scripts/sample.py",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("path", help="run directory or checkpoint directory")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--tokens", type=int, default=100, help="new tokens per sample (>= 1)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli.nonnegative_int, default=0)
     p.add_argument("--num-samples", type=int, default=1, help="samples drawn as one batch")
     args = p.parse_args(argv)
     for name, value, low in (
@@ -48,7 +52,7 @@ def _main(argv: list[str]) -> int:
     ):
         if value is not None and value < low:
             raise cli.UsageError(f"{name} must be >= {low}, got {value}")
-    if not args.temperature >= 0:  # also rejects nan
+    if not args.temperature >= 0 or args.temperature == float("inf"):  # also rejects nan
         raise cli.UsageError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
 
     from linear_gpt2.training import distributed

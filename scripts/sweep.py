@@ -16,8 +16,10 @@ ones whose config changed in a key a resumed run may change (``train.max_steps``
 again and continue, and points whose run directory holds another experiment are reported as
 stale and not run. Each point runs as a subprocess unless ``--in-process``.
 
-Exit codes: 0 when every point finished or was skipped, 1 when a point failed or is stale, 2 for
-a bad sweep file, override or option (one line ``error: ...``; ``--debug`` for the traceback).
+Exit codes: 0 when every point finished or was skipped; 1 when a point failed; 2 for a bad sweep
+file, override or option, or when points were not run because their run directories hold another
+experiment (stale) and none failed. Refused and failed points are reported on stderr as they come,
+and the command ends with one line ``error: ...`` (``--debug`` for the traceback).
 """
 
 from __future__ import annotations
@@ -33,16 +35,23 @@ from linear_gpt2.platform import cli  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(
+        prog="scripts/sweep.py",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("sweep", help="sweep YAML file")
     p.add_argument("overrides", nargs="*", help="key=value applied to every point")
     p.add_argument("--dry-run", action="store_true", help="print each point's command and status")
     p.add_argument("--slurm", metavar="OUT.sh", help="write an sbatch array script and exit")
-    p.add_argument("--point", type=int, help="run only this point, in this process")
+    p.add_argument("--point", type=cli.nonnegative_int, help="run only this point, in this process")
     p.add_argument("--in-process", action="store_true", help="train points in this process")
     p.add_argument("--debug", action="store_true", help="print tracebacks (LINEAR_GPT2_DEBUG=1)")
     # Intermixed: options may come before, between or after the file and the overrides.
-    return p.parse_intermixed_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if args.slurm and not Path(args.slurm).absolute().parent.is_dir():
+        p.error(f"--slurm {args.slurm}: its directory does not exist")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +95,8 @@ def _main(argv: list[str]) -> int:
         f"sweep {sweep.name}: {len(outcomes)} points, {len(failed)} failed"
         + (f", {len(stale)} stale (not run)" if stale else "")
     )
-    return 1 if failed or stale else 0
+    sweep_lib.raise_for_outcomes(sweep, outcomes)
+    return 0
 
 
 if __name__ == "__main__":

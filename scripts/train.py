@@ -3,8 +3,10 @@
 
 Multi-host: launch one process per host (SLURM and Open MPI are detected; see docs/training.md).
 A failure ends with one line ``error: ...`` on stderr: exit 2 for a bad config or a refused
-rerun, 1 for damaged data or checkpoints, a missing device, a non-finite loss or out of memory.
-``--debug`` (or ``LINEAR_GPT2_DEBUG=1``) also prints the traceback.
+rerun, 1 for damaged data or checkpoints, a run directory another trainer holds or that cannot
+be written, a missing device, a non-finite loss or out of memory (the table of exit codes is in
+docs/training.md, "Failures"). ``--debug`` (or ``LINEAR_GPT2_DEBUG=1``) also prints the
+traceback and third-party logs (XLA, absl, orbax).
 """
 
 import sys
@@ -21,9 +23,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 0 if argv else 2
+        return 0
+    if not argv or argv[0].startswith("-") or "=" in argv[0]:
+        got = f", got {argv[0]!r} first" if argv else ""
+        raise cli.UsageError(
+            "give a config file first: python scripts/train.py CONFIG [section.key=value ...] "
+            f"(configs/default.yaml is the default run; --help for more){got}"
+        )
     from linear_gpt2.training.config import load_config  # no JAX: a bad config fails in a second
 
     cfg = load_config(argv[0], argv[1:])

@@ -378,3 +378,171 @@ def test_env_defaults_keep_what_the_user_set(tmp_path, monkeypatch):
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+# --------------------------------------------------------------------------------------------
+# Argument errors: one line, exit 2, from every script
+
+
+def test_argument_errors_of_every_script_are_one_line_and_exit_2(tmp_path):
+    """argparse's usage text never reaches the user, values are checked before any work, and
+    train.py without a config says what to give it."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(json.dumps({"base": str(ROOT / "configs/default.yaml")}))
+    config = ROOT / "configs/default.yaml"
+    cases = [
+        (("scripts/train.py",), ("give a config file", "configs/default.yaml")),
+        (("scripts/train.py", "model.n_layer=2"), ("give a config file",)),
+        (("scripts/compile.py", config, "--batch", "0"), ("--batch", ">= 1")),
+        (("scripts/compile.py", "--attention", "LT_chunked", "--shape", "1", "-64", "2", "16"),
+         ("--shape", ">= 1", "got -64")),
+        (("scripts/compile.py", config, "--bogus"), ("unrecognized", "--bogus")),
+        (("scripts/compile.py",), ("give a CONFIG",)),
+        (("scripts/mqar.py", "--protocol", "zoo"), ("--protocol", "invalid choice")),
+        (("scripts/mqar.py", "--report-only", "--keep", tmp_path / "no.json"), ("--keep",)),
+        (("scripts/sweep.py",), ("required", "sweep")),
+        (("scripts/sweep.py", sweep, "--point", "-1"), ("--point", ">= 0")),
+        (("scripts/sweep.py", sweep, "--slurm", tmp_path / "no" / "a.sh"), ("--slurm",)),
+        (("scripts/sample.py", tmp_path, "--tokens", "x"), ("--tokens", "invalid int")),
+        (("scripts/plot_runs.py", tmp_path, "--smooth", "2"), ("--smooth", "[0, 1)")),
+        (("scripts/plot_runs.py", tmp_path / "nope"), ("no such run directory",)),
+        (("scripts/prepare_data.py", "--bogus"), ("unrecognized", "--bogus")),
+        (("scripts/bench_step.py", "--tiny", "--contexts", "-5"), ("--contexts", ">= 1")),
+        (("scripts/bench_step.py", "--attentions", "nope"), ("nope",)),
+        (("scripts/bench_sample.py", "--steps", "0"), ("--steps", ">= 1")),
+        (("linear_gpt2.training.config", config, "train.max_hours=-1"),
+         ("train.max_hours", "> 0")),
+    ]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    env.pop(cli.DEBUG_ENV, None)
+    procs = []
+    for args, words in cases:
+        script, rest = args[0], args[1:]
+        target = ["-m", script] if script.startswith("linear_gpt2.") else [str(ROOT / script)]
+        cmd = [sys.executable, *target, *map(str, rest)]
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, **pipes)
+        procs.append((cmd, words, proc))
+    for cmd, words, proc in procs:
+        out, err = proc.communicate(timeout=300)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert proc.returncode == 2, (cmd, out[-500:], err[-2000:])
+        assert len(lines) == 1 and lines[0].startswith("error: "), (cmd, err[-2000:])
+        assert "usage:" not in out + err, (cmd, out[-500:], err[-500:])
+        for word in words:
+            assert word in lines[0], (cmd, word, lines[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.yaml"]  # nothing written
+
+
+# --------------------------------------------------------------------------------------------
+# A refused sweep point
+
+
+def test_a_refused_sweep_point_is_reported_on_stderr_and_exits_2(tmp_path):
+    from linear_gpt2.training.config import load_config
+
+    sweep = tmp_path / "sweep.yaml"
+    overrides = {k: v for k, _, v in (o.partition("=") for o in TINY)}
+    sweep.write_text(
+        json.dumps(
+            {
+                "name": "refused",
+                "base": str(ROOT / "configs/default.yaml"),
+                "out_dir": str(tmp_path / "runs"),
+                "overrides": overrides,
+            }
+        )
+    )
+    run_dir = tmp_path / "runs" / "point0"
+    other = load_config(
+        ROOT / "configs/default.yaml", [*TINY, f"log.run_dir={run_dir}", "train.lr=0.01"]
+    )
+    _fake_step(run_dir, 2, other.to_dict())
+    (run_dir / "config.yaml").write_text(other.to_yaml())
+    before = tree_hash(run_dir)
+    proc = run("scripts/sweep.py", sweep)
+    line = assert_error(proc, 2, "sweep refused", "1 of 1 points not run", "point0", "out_dir")
+    warnings = [x for x in proc.stderr.splitlines() if x.strip() and x != line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: not run: sweep point 0")
+    assert "train.lr" in warnings[0]
+    assert tree_hash(run_dir) == before
+
+
+# --------------------------------------------------------------------------------------------
+# The exit codes in docs/training.md
+
+
+def _expected_failure_classes() -> list[type]:
+    import importlib
+    import pkgutil
+
+    import linear_gpt2
+
+    for info in pkgutil.walk_packages(linear_gpt2.__path__, "linear_gpt2."):
+        try:
+            importlib.import_module(info.name)
+        except ImportError:  # an optional dependency (triton, torch) is missing here
+            pass
+    found, todo = [], [errors.LinearGPT2Error]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub.__module__.startswith("linear_gpt2.") and sub not in found:
+                found.append(sub)
+                todo.append(sub)
+    return found
+
+
+def test_the_exit_code_table_of_the_docs_matches_the_code():
+    """Every exception class the package raises for an expected failure is in the row of its
+    exit code, and every class the table names exists with that code (names shared by classes
+    of two codes are written ``module.Name``)."""
+    import re
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    rows = {}
+    for line in text.split("## Failures", 1)[1].splitlines():
+        m = re.match(r"\| (\d+) \|(.*)\|(.*)\|$", line)
+        if m:
+            rows[int(m[1])] = set(re.findall(r"`([\w.]+)`", m[3]))
+    assert set(rows) == {0, 1, 2, 130}, rows.keys()
+    classes = _expected_failure_classes()
+    codes_of: dict[str, set[int]] = {}
+    for cls in classes:
+        codes_of.setdefault(cls.__name__, set()).add(cls.exit_code)
+    named: dict[str, int] = {"KeyboardInterrupt": 130}
+    for cls in classes:
+        short = cls.__name__
+        if len(codes_of[short]) > 1:
+            short = f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+        named[short] = cls.exit_code
+        assert short in rows.get(cls.exit_code, ()), (short, cls.exit_code)
+    for code, names in rows.items():
+        for name in names:
+            assert named.get(name) == code, (name, code)
+    assert errors.UsageError.exit_code == 2 and errors.RunError.exit_code == 1
+    assert cli.run(lambda argv: (_ for _ in ()).throw(KeyboardInterrupt), []) == 130
+
+
+def test_third_party_warnings_are_dropped_and_ours_kept(monkeypatch):
+    """Told apart by the code that calls ``warnings.warn``, not by the module a stacklevel
+    names: a warning of ours pointing at a caller inside JAX still shows."""
+    import warnings
+
+    theirs = {"__name__": "jax._src.somewhere"}
+    exec("import warnings\ndef f():\n    warnings.warn('theirs', stacklevel=2)\n", theirs)
+    ours = {"__name__": "linear_gpt2.somewhere"}
+    exec("import warnings\ndef g():\n    warnings.warn('ours', stacklevel=2)\n", ours)
+    theirs["g"] = ours["g"]
+    monkeypatch.setenv(cli.DEBUG_ENV, "")  # --debug sets it; restored after the test
+
+    def main(argv):
+        exec("g()", theirs)  # ours, attributed by its stacklevel to a JAX module
+        theirs["f"]()
+        return 0
+
+    for argv, shown in (([], ["ours"]), (["--debug"], ["ours", "theirs"])):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert cli.run(main, argv) == 0
+        assert [str(w.message) for w in seen] == shown

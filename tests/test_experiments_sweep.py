@@ -196,10 +196,13 @@ def test_overrides_reach_subprocesses_in_process_runs_and_the_slurm_script(tmp_p
         sweep_lib.load_sweep(path, ["train.max_steps=3"])
     )
 
-    # Another experiment in the same run directory is stale: reported, not run, exit 1.
-    assert sweep_script.main([str(path), "train.max_steps=3", "train.lr=0.01", "--in-process"]) == 1
-    printed = capsys.readouterr().out
-    assert "stale" in printed and "train.lr" in printed and "out_dir" in printed
+    # Another experiment in the same run directory is stale: reported on stderr, not run, exit 2
+    # (the rerun train.py would refuse with the same code).
+    assert sweep_script.main([str(path), "train.max_steps=3", "train.lr=0.01", "--in-process"]) == 2
+    captured = capsys.readouterr()
+    assert "stale" in captured.out
+    err = captured.err.strip().splitlines()
+    assert "train.lr" in err[0] and "out_dir" in err[0] and err[-1].startswith("error: sweep")
     assert _steps(run) == [1, 2, 3]
     assert "not submitted, stale" in sweep_lib.slurm_script(
         sweep_lib.load_sweep(path, ["train.max_steps=3", "train.lr=0.01"])

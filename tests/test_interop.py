@@ -287,6 +287,30 @@ def test_file_errors(tmp_path):
         save_state_dict({}, tmp_path / "w.h5")
 
 
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors", ".npz"])
+def test_a_damaged_weights_file_names_the_file_and_the_fix(tmp_path, suffix):
+    """A file cut short is the package's own run error (exit 1 from a command, one line), with
+    the file's name, not the reader's bare exception; a bad ``format`` is refused before the
+    file is read."""
+    from linear_gpt2.platform import cli, errors
+
+    if suffix == ".pt":
+        pytest.importorskip("torch", reason="torch is the parity extra")
+    cfg = _cfg()
+    path = tmp_path / f"weights{suffix}"
+    save_state_dict(_random_state_dict(cfg, "hf"), path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(interop.WeightsFileError) as e:
+        load_params(path, cfg)
+    assert isinstance(e.value, errors.RunError)
+    code, line = cli.exit_code_and_message(e.value)
+    assert code == 1 and str(path) in line and "download or export it again" in line
+    with pytest.raises(errors.UsageError, match=r"format must be one of .*'auto', got 'gpt2'"):
+        load_params(tmp_path / "not_read.npz", cfg, format="gpt2")
+    with pytest.raises(errors.PathNotFoundError, match="not_read.npz"):
+        load_params(tmp_path / "not_read.npz", cfg, format="hf")
+
+
 # --------------------------------------------------------------------------------------------
 # Errors
 

@@ -303,6 +303,30 @@ def test_command_reports_a_step_that_does_not_fit_with_the_largest_context(tmp_p
     assert "the largest power-of-two context that fits is 1,024" in last, last
 
 
+def test_command_on_a_step_that_does_not_fit_is_its_verdict_without_xla_logs():
+    """A step far above the H100's memory (softmax's T x T scores at 128k) makes XLA's scheduler
+    and rematerialisation log a page of their own complaints; without --debug stderr holds the
+    verdict alone (at most three lines), with --debug XLA's log is there too."""
+    args = (
+        "configs/default.yaml", "model.n_layer=1", "model.n_embd=64", "model.n_head=2",
+        "model.vocab_size=50304", "model.remat=none", "model.loss_chunk=0",
+        "model.block_size=131072", "data.context=131072", "model.dtype=bfloat16", "--batch", "1",
+    )  # fmt: skip
+    r = _compile_cmd(*args)
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert 1 <= len(lines) <= 3, r.stderr[-3000:]
+    assert lines[-1].startswith("error: the step needs") and "65,536" in lines[-1]
+    # With --debug XLA's log shows: read until its first record, then stop the search.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP")}
+    cmd = [sys.executable, str(REPO / "scripts" / "compile.py"), *args, "--debug"]
+    with subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True) as debug:
+        record = re.compile(r"^[EW]\d{4} .*(gpu_hlo_schedule|rematerialization)")
+        seen = any(record.match(line) for line in debug.stderr)
+        debug.kill()
+    assert seen
+
+
 def test_command_reports_kernel_registers_and_spills(tmp_path):
     out = tmp_path / "k.json"
     r = _compile_cmd(

@@ -22,6 +22,7 @@ from linear_gpt2 import attention as attention_registry
 from linear_gpt2.experiments.axes import context_label
 from linear_gpt2.model.api import count_params, param_shapes
 from linear_gpt2.model.config import PRESETS, ModelConfig
+from linear_gpt2.platform.errors import DataError
 
 
 @dataclasses.dataclass
@@ -149,7 +150,11 @@ def _count_params(key: tuple[tuple[str, Any], ...], non_embedding: bool = False)
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """A local run directory: ``config.yaml`` (the resolved config) and ``metrics.jsonl``."""
+    """A local run directory: ``config.yaml`` (the resolved config) and ``metrics.jsonl``.
+
+    A log that holds a step twice (two trainers wrote it at once, before run directories were
+    locked) is refused with :class:`~linear_gpt2.platform.errors.DataError`: its curve would be
+    drawn twice over itself."""
     d = Path(run_dir)
     config = flatten(yaml.safe_load((d / "config.yaml").read_text()) or {})
     records = []
@@ -160,8 +165,34 @@ def load_run(run_dir: str | Path) -> Run:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a line cut by a preemption
+    _refuse_duplicate_steps(records, metrics)
     name = str(config.get("log.name") or d.name)
     return Run(name, config, records, count_params_of(config))
+
+
+def _refuse_duplicate_steps(records: list[dict[str, Any]], path: Path) -> None:
+    seen: dict[int, int] = {}
+    for i, r in enumerate(records):
+        step = r.get("step") if isinstance(r, dict) else None
+        if not isinstance(step, int):
+            continue
+        if step in seen:
+            raise DataError(
+                f"{path} holds step {step} twice (records {seen[step] + 1} and {i + 1}): two "
+                "trainers wrote this run at once; resume the run once with scripts/train.py "
+                "(it keeps the newest record of each step) or remove the older lines"
+            )
+        seen[step] = i
+
+
+def _newest_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last record of each step, in step order (a wandb run resumed after a preemption
+    logs the steps it replays a second time)."""
+    by_step: dict[Any, dict[str, Any]] = {}
+    for r in records:
+        by_step[r.get("step")] = r
+    steps = sorted(s for s in by_step if isinstance(s, (int, float)))
+    return [by_step[s] for s in steps]
 
 
 def find_runs(roots: Iterable[str | Path]) -> list[Run]:
@@ -181,7 +212,8 @@ def find_runs(roots: Iterable[str | Path]) -> list[Run]:
 def load_wandb_runs(project: str, group: str | None = None, entity: str | None = None) -> list[Run]:
     """Runs of a wandb project (optionally one ``log.wandb_group``) through the public API; needs
     network and a wandb login. The trainer logs the config as dotted keys and ``step`` as the
-    x-axis, so the records look like ``metrics.jsonl``'s."""
+    x-axis, so the records look like ``metrics.jsonl``'s; steps a resumed run logged again are
+    kept once (the newest), as the trainer keeps them in ``metrics.jsonl``."""
     # wandb: only to read runs from a project.
     import wandb
 
@@ -191,7 +223,7 @@ def load_wandb_runs(project: str, group: str | None = None, entity: str | None =
     runs = []
     for wr in api.runs(path, filters=filters):
         config = {k: v for k, v in dict(wr.config).items() if not k.startswith("_")}
-        records = list(wr.scan_history(keys=["step", "loss", "hours"]))
+        records = _newest_per_step(list(wr.scan_history(keys=["step", "loss", "hours"])))
         runs.append(Run(wr.name, config, records, count_params_of(config)))
     return runs
 

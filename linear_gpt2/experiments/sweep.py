@@ -35,8 +35,9 @@ now, with the one its run directory last ran with (the ``DONE`` marker's, else `
   ``train.max_hours``, logging...): it runs again and continues from its checkpoint, e.g. to the
   new ``max_steps``;
 - ``stale``: its checkpoints belong to another experiment (model, data, optimisation keys
-  differ): not run, reported with the keys, and the sweep exits 1 (pick another ``out_dir`` or
-  move the run directory aside).
+  differ): not run, reported on stderr with the keys, and the sweep ends with a usage error
+  (exit 2, as ``scripts/train.py`` refuses the same rerun; pick another ``out_dir`` or move the
+  run directory aside) unless a point also failed (exit 1, :func:`raise_for_outcomes`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from typing import Any
 import jax
 import yaml
 
-from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.platform.errors import ConfigError, RunError
 from linear_gpt2.training.checkpoint import MUTABLE_PREFIXES, step_dirs
 from linear_gpt2.training.config import Config, diff, load_config, load_config_from_dict
 from linear_gpt2.training.trainer import train
@@ -295,7 +296,33 @@ def run_point(sweep: Sweep, point: Point) -> str:
 
 
 class StalePointError(ConfigError):
-    """A point whose run directory holds another experiment's checkpoints."""
+    """A point whose run directory holds another experiment's checkpoints (exit 2)."""
+
+
+class SweepFailedError(RunError):
+    """Points of a sweep failed (exit 1); their own errors were reported as they ran."""
+
+
+def raise_for_outcomes(sweep: Sweep | str, outcomes: dict[str, str]) -> None:
+    """One error for a sweep's failed (:class:`SweepFailedError`) or stale points
+    (:class:`StalePointError`, when none failed); nothing when every point finished or was
+    skipped. ``outcomes`` as :func:`run_sweep` returns them."""
+    name = sweep if isinstance(sweep, str) else sweep.name
+    failed = [k for k, v in outcomes.items() if v.startswith("failed")]
+    stale = [k for k, v in outcomes.items() if v.startswith("stale")]
+    not_run = f"; not run, holding another experiment: {', '.join(stale)}" if stale else ""
+    if failed:
+        raise SweepFailedError(
+            f"sweep {name}: {len(failed)} of {len(outcomes)} points failed ({', '.join(failed)})"
+            f"{not_run}; their errors are above. Run the sweep again to retry them (finished "
+            "points are skipped)"
+        )
+    if stale:
+        raise StalePointError(
+            f"sweep {name}: {len(stale)} of {len(outcomes)} points not run, their run "
+            f"directories hold another experiment ({', '.join(stale)}; the keys are above); set "
+            "another out_dir in the sweep file, or move those run directories aside"
+        )
 
 
 def _stale_message(point: Point, cfg: Config, keys: str) -> str:
@@ -312,16 +339,19 @@ def run_sweep(
     in_process: bool = False,
     extra: list[str] | tuple[str, ...] = (),
     log=print,
+    warn=None,
 ) -> dict[str, str]:
     """Run every point in turn; returns ``{run name: outcome}``. Outcomes: ``skipped`` (done
-    before), ``max_steps``/``max_hours``/``signal`` (in process), ``ok`` (subprocess), or
-    ``failed (...)``. A failing point (an OOM, say) does not stop the others; every point's
-    config is checked before the first one trains.
+    before), ``max_steps``/``max_hours``/``signal`` (in process), ``ok`` (subprocess),
+    ``stale (...)`` (not run) or ``failed (...)``. A failing point (an OOM, say) does not stop
+    the others; every point's config is checked before the first one trains. Progress goes to
+    ``log`` (stdout), refused and failed points to ``warn`` (stderr, ``warning: ...``).
 
     By default each point is a subprocess (``scripts/sweep.py SWEEP --point I``): a point that
     runs out of memory or crashes cannot leave device memory or JAX state behind for the next.
     ``in_process`` trains in this process (fast for tiny sweeps and tests).
     """
+    warn = warn or _warn_stderr
     outcomes: dict[str, str] = {}
     configs = [point_config(sweep, p) for p in sweep.points]  # every point valid before training
     for p, cfg in zip(sweep.points, configs):
@@ -332,7 +362,7 @@ def run_sweep(
             continue
         if status == "stale":
             outcomes[p.name] = f"stale ({detail})"
-            log(f"[{p.index}] {p.name}: not run: {_stale_message(p, cfg, detail)}")
+            warn(f"not run: {_stale_message(p, cfg, detail)}")
             continue
         why = f" (finished, config changed: {detail})" if status == "changed" else ""
         log(f"[{p.index}] {p.name}: running{why}")
@@ -344,8 +374,15 @@ def run_sweep(
         else:
             rc = subprocess.run(point_command(sweep, p, extra), cwd=Path.cwd()).returncode
             outcomes[p.name] = "ok" if rc == 0 else f"failed (exit {rc})"
-        log(f"[{p.index}] {p.name}: {outcomes[p.name]}")
+        if outcomes[p.name].startswith("failed"):
+            warn(f"sweep point {p.index} ({p.name}): {outcomes[p.name]}")
+        else:
+            log(f"[{p.index}] {p.name}: {outcomes[p.name]}")
     return outcomes
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def dry_run(sweep: Sweep) -> list[tuple[Point, tuple[str, str], list[str]]]:

@@ -66,6 +66,7 @@ from linear_gpt2.model.interop_layout import (
     UnexpectedKeysError,
     UnrepresentableError,
     VocabSizeMismatchError,
+    WeightsFileError,
     add_transformer_prefix,
     check_format,
     detect_format,
@@ -88,6 +89,7 @@ __all__ = [
     "UnexpectedKeysError",
     "UnrepresentableError",
     "VocabSizeMismatchError",
+    "WeightsFileError",
     "detect_format",
     "expected_params_shapes",
     "expected_state_dict_shapes",
@@ -235,8 +237,9 @@ def load_params(
     path: str | Path, config: ModelConfig, format: Literal["nanogpt", "hf", "auto"] = "auto"
 ) -> Params:
     """Our params from a checkpoint file (see :func:`load_state_dict`) in nanoGPT's or Hugging
-    Face's layout; ``"auto"`` tells them apart by the orientation of ``c_attn.weight``."""
+    Face's layout; ``"auto"`` tells them apart by the orientation of ``c_attn.weight``. A
+    ``format`` that is none of these is refused before the file is read."""
+    check_format(format, ("nanogpt", "hf", "auto"))
     sd = load_state_dict(path)
     fmt = detect_format(sd, config) if format == "auto" else format
-    check_format(fmt)
     return _from_state_dict(sd, config, fmt)

@@ -3,8 +3,10 @@ the key spellings tolerated on input, and the errors of a state dict that does n
 
 Our parameters keep the ``n_layer`` blocks stacked under ``params["h"]`` (leading ``[n_layer]``
 axis) with Dense kernels ``[in, out]``; nanoGPT's ``torch.nn.Linear`` weights are ``[out, in]``,
-Hugging Face's ``Conv1D`` weights ``[in, out]`` (the table in ``interop.py``). Every error is a
-:class:`CheckpointError` (a ``ValueError``) that names the key(s).
+Hugging Face's ``Conv1D`` weights ``[in, out]`` (the table in ``interop.py``). Every error of a
+state dict is a :class:`CheckpointError` (a ``ValueError``) that names the key(s); a weights file
+that cannot be read at all is a :class:`WeightsFileError` (the package's ``CheckpointError``, a
+run error) that names the file.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform import errors
 from linear_gpt2.platform.errors import UsageError
 
 Params = dict[str, Any]
@@ -172,9 +175,17 @@ def transposed(kind: str, format: Format) -> bool:
     return kind == "kernel" and format == "nanogpt"
 
 
-def check_format(format: str) -> None:
-    if format not in ("nanogpt", "hf"):
-        raise ValueError(f"format must be 'nanogpt' or 'hf', got {format!r}")
+class WeightsFileError(errors.CheckpointError):
+    """A weights file that cannot be read: truncated, corrupt, or not the format its suffix
+    says. The message names the file and what the reader said (exit 1 from a command)."""
+
+
+def check_format(format: str, allowed: tuple[str, ...] = ("nanogpt", "hf")) -> None:
+    """Raise :class:`~linear_gpt2.platform.errors.UsageError` (a ``ValueError``) naming the
+    valid values unless ``format`` is one of ``allowed``."""
+    if format not in allowed:
+        valid = ", ".join(repr(a) for a in allowed)
+        raise UsageError(f"format must be one of {valid}, got {format!r}")
 
 
 # --------------------------------------------------------------------------------------------

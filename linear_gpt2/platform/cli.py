@@ -27,7 +27,14 @@ then calls ``main(argv)`` and turns the project's expected failures into one lin
 
 The traceback is printed only with ``--debug`` (anywhere on the command line) or
 ``LINEAR_GPT2_DEBUG=1``. An exception the project does not expect (a bug) is printed with its
-traceback in any case, since the one line would not be enough to fix it.
+traceback in any case, since the one line would not be enough to fix it. Third-party logs (XLA's
+C++ log, absl, orbax, JAX, TensorStore) are kept off the terminal unless ``--debug``
+(:mod:`linear_gpt2.platform.logs`); our own warnings stay.
+
+Argument errors are usage errors too: :class:`ArgumentParser` is argparse's with its errors
+raised as :class:`~linear_gpt2.platform.errors.UsageError` (one line, exit 2, no usage text), and
+:func:`positive_int`, :func:`nonnegative_int` and :func:`positive_float` check values as they
+are parsed, before any work starts.
 
 Library code raises the classes of :mod:`linear_gpt2.platform.errors` with messages that name the file,
 key or value and the fix; :class:`~linear_gpt2.platform.errors.MissingDependencyError` (or
@@ -36,13 +43,15 @@ key or value and the fix; :class:`~linear_gpt2.platform.errors.MissingDependency
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from linear_gpt2.platform import env
+from linear_gpt2.platform import env, logs
 from linear_gpt2.platform.errors import (
     DeviceError,
     LinearGPT2Error,
@@ -51,20 +60,27 @@ from linear_gpt2.platform.errors import (
     RunError,
     UsageError,
 )
+from linear_gpt2.platform.logs import DEBUG_ENV, DEBUG_FLAG, debug_enabled
 
 # UsageError and RunError are re-exported: scripts need one import for the errors they raise.
 __all__ = [
     "DEBUG_ENV",
+    "DEBUG_FLAG",
+    "ArgumentParser",
     "RunError",
     "UsageError",
     "debug_enabled",
     "exit_code_and_message",
     "main",
+    "nonnegative_int",
+    "positive_float",
+    "positive_int",
     "run",
 ]
 
-DEBUG_ENV = "LINEAR_GPT2_DEBUG"
-DEBUG_FLAG = "--debug"
+# jaxlib reads XLA's log level once, as it loads, and several scripts import JAX at module level
+# before calling run(): the level is set when the scripts import this module, ahead of JAX.
+logs.quiet_native_logs(sys.argv[1:])
 
 # Optional packages (import name -> how to install) named in "missing dependency" errors.
 OPTIONAL = {
@@ -78,10 +94,39 @@ OPTIONAL = {
 }
 
 
-def debug_enabled(argv: Sequence[str] = ()) -> bool:
-    """``--debug`` in ``argv`` or ``LINEAR_GPT2_DEBUG`` set to a true value."""
-    value = os.environ.get(DEBUG_ENV, "").strip().lower()
-    return DEBUG_FLAG in argv or value not in ("", "0", "false", "no", "off")
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors are :class:`UsageError` s: ``error: <what>; <prog> --help
+    lists the arguments`` and exit 2 through :func:`run`, without the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}; {self.prog} --help lists the arguments")
+
+
+def _number(text: str, kind: type, low: float, strict: bool) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    if value < low or (strict and value == low):
+        raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an int >= 1."""
+    return int(_number(text, int, 1, False))
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse ``type``: an int >= 0."""
+    return int(_number(text, int, 0, False))
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite float > 0."""
+    return float(_number(text, float, 0.0, True))
 
 
 def exit_code_and_message(exc: BaseException) -> tuple[int, str] | None:
@@ -125,8 +170,10 @@ def run(main_fn: Callable[[list[str]], int | None], argv: Sequence[str] | None =
         os.environ[DEBUG_ENV] = "1"  # subprocesses (sweep points) report the same way
     args = [a for a in args if a != DEBUG_FLAG]
     env.configure()
+    logs.quiet_native_logs(args + ([DEBUG_FLAG] if debug else []))
     try:
-        code = main_fn(args)
+        with logs.quiet_python_logs(not debug):
+            code = main_fn(args)
     except SystemExit as e:  # argparse and explicit exits keep their codes
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:

@@ -5,7 +5,8 @@ registers and spills from ptxas's ``-v`` log, and the capture of that log.
 sequence and reads each Pallas/Triton kernel's launch from it (:func:`parse_thunk_sequence`);
 ptxas reports registers and spills only in XLA's INFO log, which :func:`enable_ptxas_log` turns
 on before JAX starts and :func:`captured_stderr` collects from file descriptor 2 while compiling
-(:func:`parse_ptxas_log`), passing everything else through.
+(:func:`parse_ptxas_log`), passing the rest through: without ``--debug`` only what is not one of
+XLA's log records (:mod:`linear_gpt2.platform.logs`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
+
+from linear_gpt2.platform.logs import debug_enabled
 
 
 @dataclasses.dataclass
@@ -123,13 +126,15 @@ def ptxas_log_enabled() -> bool:
     )
 
 
-_GLOG_INFO = re.compile(r"^I\d{4} \d\d:\d\d:\d\d")
+_GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d")
 
 
 @contextlib.contextmanager
 def captured_stderr(enabled: bool) -> Iterator[list[str]]:
     """Collect what native code writes to fd 2 (XLA's log) into the yielded list; afterwards
-    write back everything but INFO-level log records, so warnings and errors still show."""
+    write back what is not one of XLA's log records, its fatal ones, and with ``--debug`` its
+    warnings and errors too (:mod:`linear_gpt2.platform.logs`); never its INFO records."""
+    shown = "WEF" if debug_enabled() else "F"
     box: list[str] = []
     if not enabled:
         yield box
@@ -147,14 +152,15 @@ def captured_stderr(enabled: bool) -> Iterator[list[str]]:
             tmp.seek(0)
             text = tmp.read().decode(errors="replace")
             box.append(text)
-            keep, in_info = [], False
+            keep, in_hidden = [], False
             for line in text.splitlines():
-                if _GLOG_INFO.match(line):
-                    in_info = True
+                record = _GLOG.match(line)
+                if record and record[1] not in shown:
+                    in_hidden = True
                     continue
-                if in_info and (line.startswith(("ptxas", " ", "\t")) or not line.strip()):
-                    continue  # continuation lines of a multi-line INFO record (ptxas output)
-                in_info = False
+                if in_hidden and (line.startswith(("ptxas", " ", "\t")) or not line.strip()):
+                    continue  # continuation lines of a multi-line record (ptxas output)
+                in_hidden = False
                 if "failed call to cuInit" not in line:
                     keep.append(line)
             if keep:

@@ -186,8 +186,12 @@ def _build(layers: list[DictConfig]) -> Config:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(cfg.to_yaml())
+    """Write ``cfg`` as YAML, replacing ``path`` only once the new file is whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(cfg.to_yaml())
+    tmp.replace(path)
 
 
 def flat_items(cfg: Config) -> dict[str, Any]:

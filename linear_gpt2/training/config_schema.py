@@ -166,6 +166,11 @@ class TrainConfig:
                 f"train.{name}",
                 f"must be >= 1, got {getattr(self, name)}",
             )
+        _check(
+            self.max_hours is None or self.max_hours > 0,
+            "train.max_hours",
+            f"must be > 0 (wall-clock hours over every restart) or null, got {self.max_hours}",
+        )
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
         _check(
             0 <= self.min_lr <= self.lr,

@@ -2,15 +2,22 @@
 
 Only process 0 writes. wandb curves use our own ``step`` as their x-axis (``define_metric``), and
 the run id is kept in the run directory, so a resumed run continues the same wandb run and its
-curves; the JSONL file is cut back to the checkpoint's step on resume, so steps replayed after a
-preemption appear once.
+curves. The JSONL file is append-only by step: it is cut back to the checkpoint's step on resume
+(rewritten whole, then renamed over the old one), so steps replayed after a preemption appear
+once, and a step at or below one already written is refused. A log that holds a step twice
+(written by two trainers at once, before run directories were locked) is rewritten with the
+newest record of each step, the original kept beside it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +31,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from linear_gpt2.platform.errors import RunError
 from linear_gpt2.training.config import Config, flat_items
 
 
@@ -35,11 +43,20 @@ def _fmt(v: Any) -> Any:
 
 class RunLogger:
     def __init__(
-        self, cfg: Config, run_dir: Path, *, enabled: bool, start_step: int, total_steps: int
+        self,
+        cfg: Config,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        start_step: int,
+        total_steps: int,
+        warn: Callable[[str], None] | None = None,
     ):
         self.enabled = enabled
         self.run_dir = run_dir
         self.jsonl_path = run_dir / "metrics.jsonl"
+        self.last_step = start_step
+        self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr))
         self.console = Console(stderr=False, highlight=False)
         self.wandb_run = None
         self.progress = None
@@ -66,17 +83,33 @@ class RunLogger:
         self.progress.start()
 
     def _truncate_jsonl(self, start_step: int) -> None:
+        """Keep the records up to ``start_step``, the newest of each step, in step order."""
         if not self.jsonl_path.exists():
             return
-        kept = []
-        for line in self.jsonl_path.read_text().splitlines():
+        by_step: dict[int, str] = {}
+        lines = self.jsonl_path.read_text().splitlines()
+        duplicates = 0
+        for line in lines:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by the kill that preempted the run
-            if rec.get("step", 0) <= start_step:
-                kept.append(line)
-        self.jsonl_path.write_text("".join(x + "\n" for x in kept))
+            step = rec.get("step") if isinstance(rec, dict) else None
+            if isinstance(step, int) and step <= start_step:
+                duplicates += step in by_step
+                by_step[step] = line
+        if duplicates:
+            kept_as = self.jsonl_path.with_name(
+                f"{self.jsonl_path.name}.{time.strftime('%Y%m%dT%H%M%S')}.duplicates"
+            )
+            os.replace(self.jsonl_path, kept_as)
+            self.warn(
+                f"{self.jsonl_path} held {duplicates} step(s) twice (two trainers wrote it at "
+                f"once); kept the newest record of each step, the original is {kept_as}"
+            )
+        tmp = self.jsonl_path.with_name(f".{self.jsonl_path.name}.tmp")
+        tmp.write_text("".join(by_step[k] + "\n" for k in sorted(by_step)))
+        os.replace(tmp, self.jsonl_path)
 
     def _init_wandb(self, cfg: Config) -> None:
         # wandb is heavy and optional at run time (log.wandb: disabled skips it).
@@ -106,6 +139,14 @@ class RunLogger:
     def log(self, record: dict[str, Any], console_line: str | None = None) -> None:
         if not self.enabled:
             return
+        step = record.get("step")
+        if isinstance(step, int):
+            if step <= self.last_step:
+                raise RunError(
+                    f"{self.jsonl_path}: step {step} would be written after step "
+                    f"{self.last_step}; the log is append-only by step (a bug: report it)"
+                )
+            self.last_step = step
         record = {k: _fmt(v) for k, v in record.items()}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()

@@ -11,7 +11,9 @@ run's are only skipped. On several processes, process 0's choice of step is ever
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -133,3 +135,31 @@ def restore(
         if not own:
             source.close()
     return chosen, state, data_state
+
+
+def hours_trained(source: ckpt_lib.Checkpointer, step: int, *, own: bool, metrics: Path) -> float:
+    """Wall-clock hours this run had trained when ``step`` was saved, which the new call's
+    ``hours`` and ``train.max_hours`` continue from: the checkpoint's record, else (a checkpoint
+    written before it was recorded) the ``hours`` of that step's line in ``metrics``. Another
+    run's checkpoint (``checkpoint.resume=PATH``) starts this run's clock at 0."""
+    if not own:
+        return 0.0
+    try:
+        hours = source.read_meta(step).get("hours")
+    except (OSError, ValueError, AttributeError):
+        hours = None
+    if isinstance(hours, (int, float)):
+        return float(hours)
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return 0.0
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("step") == step:
+            value = record.get("hours")
+            return float(value) if isinstance(value, (int, float)) else 0.0
+    return 0.0

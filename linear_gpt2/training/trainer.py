@@ -10,8 +10,10 @@ SIGTERM/SIGINT or when ``train.max_hours`` is spent, and resumes exactly (``chec
 Each step appends one record to ``metrics.jsonl``: ``step``, ``loss``, ``lr``, ``grad_norm``,
 ``step_time_s``, ``tokens_per_s``, ``model_tflops`` (the update's model FLOPs, ``flops.py``,
 per second per device), ``mfu`` (``model_tflops`` over the device's dense bf16 peak:
-``log.peak_tflops``, else ``flops.py``'s table; null when neither knows it), ``hours``,
-``memory_bytes``, ``skipped``, and when due the spike count, held-out loss and diagnostics.
+``log.peak_tflops``, else ``flops.py``'s table; null when neither knows it), ``hours`` (wall-clock
+trained so far, every restart included: checkpoints carry it), ``memory_bytes``, ``skipped``, and
+when due the spike count, held-out loss and diagnostics. ``train.max_hours`` is a budget on that
+clock, so a requeued job stops where the budget ends and a rerun with it spent trains nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from linear_gpt2 import kernels
 from linear_gpt2.model import count_params, init_params
@@ -41,13 +44,27 @@ from linear_gpt2.training.logger import RunLogger, plot_loss, read_jsonl
 from linear_gpt2.training.optim import lr_at, optimizer
 from linear_gpt2.training.preemption import StopFlag
 from linear_gpt2.training.programs import Programs, build_programs, evaluate
-from linear_gpt2.training.resume import RunDirectoryInUseError, restore_run, resume_source
+from linear_gpt2.training.resume import (
+    RunDirectoryInUseError,
+    hours_trained,
+    restore_run,
+    resume_source,
+)
+from linear_gpt2.training.run_lock import RunDirectoryLockedError, job_lock
 from linear_gpt2.training.sharding import global_batch, make_mesh, replicated, state_shardings
 from linear_gpt2.training.spikes import SpikeCounter
 from linear_gpt2.training.train_step import TrainState, init_state
 
-# plan_batches (batches.py) and RunDirectoryInUseError (resume.py) are imported from here too.
-__all__ = ["NonFiniteLossError", "RunDirectoryInUseError", "RunResult", "plan_batches", "train"]
+# plan_batches (batches.py), RunDirectoryInUseError (resume.py) and RunDirectoryLockedError
+# (run_lock.py) are imported from here too.
+__all__ = [
+    "NonFiniteLossError",
+    "RunDirectoryInUseError",
+    "RunDirectoryLockedError",
+    "RunResult",
+    "plan_batches",
+    "train",
+]
 
 
 class NonFiniteLossError(RunError):
@@ -65,32 +82,35 @@ class RunResult:
 
 def train(cfg: Config) -> RunResult:
     """Run ``cfg`` from step 0 or from the checkpoint ``checkpoint.resume`` finds, to
-    ``train.max_steps`` or an earlier stop (a signal, ``train.max_hours``,
-    ``train.target_val_acc``); the run directory then holds a checkpoint of the last step."""
+    ``train.max_steps`` or an earlier stop (a signal, ``train.max_hours`` counted over every
+    restart, ``train.target_val_acc``); the run directory then holds a checkpoint of the last
+    step. The run directory is locked for the call (``run_lock.py``): a second trainer on it
+    raises :class:`RunDirectoryLockedError` before writing anything."""
     run_dir = Path(cfg.log.run_dir)
     is_main = jax.process_index() == 0
     layout = _lay_out(cfg)
-    checkpointer, loader, start_step, state, rng = _open(cfg, layout, is_main)
-    if is_main:
-        save_config(cfg, run_dir / "config.yaml")
-    log = _start_log(cfg, layout, start_step, is_main)
-    programs = build_programs(
-        cfg, layout.model_cfg, layout.tx, layout.mesh, layout.plan, layout.shardings.params, log
-    )
-    loop = _Loop(cfg, layout, programs, checkpointer, loader, log, start_step, state, rng)
-    try:
-        stopped_by = loop.run()
-    finally:
-        checkpointer.close()
-        log.close()
-        loader.close()
-    if is_main:
-        records = read_jsonl(run_dir / "metrics.jsonl")
-        plot_loss(
-            records,
-            run_dir / "loss.png",
-            f"{cfg.log.name}: {cfg.attention.name}, context {cfg.data.context}",
+    with job_lock(run_dir, warn=_warn):
+        start = _open(cfg, layout, is_main)
+        if is_main:
+            save_config(cfg, run_dir / "config.yaml")
+        log = _start_log(cfg, layout, start, is_main)
+        programs = build_programs(
+            cfg, layout.model_cfg, layout.tx, layout.mesh, layout.plan, layout.shardings.params, log
         )
+        loop = _Loop(cfg, layout, programs, log, start)
+        try:
+            stopped_by = loop.run()
+        finally:
+            start.checkpointer.close()
+            log.close()
+            start.loader.close()
+        if is_main:
+            records = read_jsonl(run_dir / "metrics.jsonl")
+            plot_loss(
+                records,
+                run_dir / "loss.png",
+                f"{cfg.log.name}: {cfg.attention.name}, context {cfg.data.context}",
+            )
     return RunResult(run_dir, loop.step, stopped_by, loop.losses, loop.state)
 
 
@@ -127,12 +147,23 @@ def _lay_out(cfg: Config) -> _Layout:
     return _Layout(mesh, plan, model_cfg, tx, n_params, abstract_state, sh)
 
 
-def _open(
-    cfg: Config, layout: _Layout, is_main: bool
-) -> tuple[ckpt_lib.Checkpointer, data_lib.Loader, int, TrainState, jax.Array]:
-    """``(checkpointer, training loader, start step, train state, RNG)``: restored from the
-    checkpoint ``checkpoint.resume`` names, else a new state at step 0. Everything that can
-    refuse this run is checked before anything is written into the run directory."""
+@dataclasses.dataclass
+class _Start:
+    """Where the loop starts: the run's checkpointer and training loader, the step, train state
+    and RNG, and the wall-clock hours trained before this call (restored with the step)."""
+
+    checkpointer: ckpt_lib.Checkpointer
+    loader: data_lib.Loader
+    step: int
+    state: TrainState
+    rng: jax.Array
+    hours: float
+
+
+def _open(cfg: Config, layout: _Layout, is_main: bool) -> _Start:
+    """Restored from the checkpoint ``checkpoint.resume`` names, else a new state at step 0.
+    Everything that can refuse this run is checked before anything is written into the run
+    directory."""
     warn = _warn if is_main else (lambda message: None)
     rng = jax.random.key(cfg.seed)
     checkpointer = ckpt_lib.Checkpointer(
@@ -153,6 +184,7 @@ def _open(
     found = None
     try:
         if source is not None:
+            own = source is checkpointer
             found = restore_run(
                 source,
                 only_step,
@@ -161,32 +193,42 @@ def _open(
                 layout.shardings,
                 rng,
                 loader,
-                own=source is checkpointer,
+                own=own,
             )
+            if found is not None:
+                metrics = Path(cfg.log.run_dir) / "metrics.jsonl"
+                hours = hours_trained(source, found[0], own=own, metrics=metrics)
     except BaseException:
         loader.close()
         checkpointer.close()
         raise
     if found is not None:
-        return checkpointer, loader, *found
+        return _Start(checkpointer, loader, *found, hours)
     state = jax.jit(
         lambda: init_state(init_params(layout.model_cfg, cfg.seed), layout.tx),
         out_shardings=layout.shardings,
     )()
-    return checkpointer, loader, 0, state, rng
+    return _Start(checkpointer, loader, 0, state, rng, 0.0)
 
 
-def _start_log(cfg: Config, layout: _Layout, start_step: int, is_main: bool) -> RunLogger:
+def _start_log(cfg: Config, layout: _Layout, start: _Start, is_main: bool) -> RunLogger:
     """The run's logger (process 0 writes), having printed the config and the run's sizes."""
     total, plan = cfg.train.max_steps, layout.plan
     log = RunLogger(
-        cfg, Path(cfg.log.run_dir), enabled=is_main, start_step=start_step, total_steps=total
+        cfg,
+        Path(cfg.log.run_dir),
+        enabled=is_main,
+        start_step=start.step,
+        total_steps=total,
+        warn=_warn,
     )
     log.print(cfg.to_yaml())
+    trained = f" after {start.hours:.3f} hours" if start.step else ""
     log.print(
         f"{layout.n_params / 1e6:.2f}M parameters | {plan.devices} devices in {plan.processes} "
         f"process(es) | {plan.sequences} x {cfg.data.context} tokens per update = {plan.accum} "
-        f"micro-steps of {plan.micro_batch} per device | starting at step {start_step} of {total}"
+        f"micro-steps of {plan.micro_batch} per device | starting at step {start.step} of "
+        f"{total}{trained}"
     )
     return log
 
@@ -200,23 +242,14 @@ class _Loop:
     the step, the last checkpointed step, the losses of this call and the loss-spike counter."""
 
     def __init__(
-        self,
-        cfg: Config,
-        layout: _Layout,
-        programs: Programs,
-        checkpointer: ckpt_lib.Checkpointer,
-        loader: data_lib.Loader,
-        log: RunLogger,
-        start_step: int,
-        state: TrainState,
-        rng: jax.Array,
+        self, cfg: Config, layout: _Layout, programs: Programs, log: RunLogger, start: _Start
     ):
         self.cfg, self.layout, self.plan, self.programs = cfg, layout, layout.plan, programs
-        self.checkpointer, self.loader, self.log = checkpointer, loader, log
-        self.state, self.rng, self.step = state, rng, start_step
-        self.last_saved = start_step if start_step > 0 else None
+        self.checkpointer, self.loader, self.log = start.checkpointer, start.loader, log
+        self.state, self.rng, self.step = start.state, start.rng, start.step
+        self.last_saved = start.step if start.step > 0 else None
         self.losses: dict[int, float] = {}
-        self.spikes = _spike_counter(cfg, log, start_step)
+        self.spikes = _spike_counter(cfg, log, start.step)
         self.tokens_per_update = self.plan.sequences * cfg.data.context
         self.flops_update = (
             flops_per_token(programs.model_cfg, layout.n_params, cfg.data.context)
@@ -224,11 +257,18 @@ class _Loop:
         )
         peak_tflops = cfg.log.peak_tflops
         self.peak = peak_tflops * 1e12 if peak_tflops is not None else device_peak_flops()
+        self.hours_before = start.hours  # trained before this call, restored with the step
         self.t_start = time.monotonic()
+
+    def hours(self) -> float:
+        """Wall-clock hours of training: those restored with the checkpoint plus this call's."""
+        return self.hours_before + (time.monotonic() - self.t_start) / 3600
 
     def run(self) -> str:
         """Updates until ``train.max_steps`` or an earlier stop, then a checkpoint of the last
         step (unless it has one); returns why the run stopped (``RunResult.stopped_by``)."""
+        if self._budget_spent():
+            return "max_hours"
         stopped_by = None
         with StopFlag() as stop:
             while stopped_by is None and self.step < self.cfg.train.max_steps:
@@ -242,6 +282,20 @@ class _Loop:
                     f"{self.checkpointer.directory}"
                 )
         return stopped_by
+
+    def _budget_spent(self) -> bool:
+        """Whether ``train.max_hours`` was spent by the earlier calls (said on the console)."""
+        max_hours = self.cfg.train.max_hours
+        if max_hours is None or self.step >= self.cfg.train.max_steps:
+            return False
+        if self.hours_before < max_hours:
+            return False
+        self.log.print(
+            f"train.max_hours={max_hours} is spent: {self.hours_before:.3f} hours trained up "
+            f"to step {self.step} (checkpoint in {self.checkpointer.directory}); nothing to "
+            "train. Raise train.max_hours to train on."
+        )
+        return True
 
     def _advance(self, stop: StopFlag) -> str | None:
         """One update, its record and console line, evaluation and checkpoint when due; why
@@ -313,7 +367,7 @@ class _Loop:
             "tokens_per_s": self.tokens_per_update / dt,
             "model_tflops": self.flops_update / dt / devices / 1e12,
             "mfu": (self.flops_update / dt / (self.peak * devices)) if self.peak else None,
-            "hours": (time.monotonic() - self.t_start) / 3600,
+            "hours": self.hours(),
             "memory_bytes": _memory_in_use(),
             "skipped": not bool(metrics["finite"]),
         }
@@ -348,21 +402,26 @@ class _Loop:
         record["diag/spikes"] = spikes.count
 
     def _stop_reason(self, record: dict[str, Any], stop: StopFlag, reached: bool) -> str | None:
+        reason = None
         if stop.signal is not None:
-            return "signal"
-        if reached:
+            reason = "signal"
+        elif reached:
             self.log.print(
                 f"held-out accuracy {record['val_acc']:.4f} >= train.target_val_acc="
                 f"{self.cfg.train.target_val_acc} at step {self.step}: stopping"
             )
-            return "target_val_acc"
-        max_hours = self.cfg.train.max_hours
-        if max_hours is not None and record["hours"] >= max_hours:
-            return "max_hours"
-        return None
+            reason = "target_val_acc"
+        elif self.cfg.train.max_hours is not None and record["hours"] >= self.cfg.train.max_hours:
+            reason = "max_hours"
+        return _agreed(reason) if jax.process_count() > 1 else reason
 
     def save(self, at: int, force: bool = False) -> None:
-        meta = {"config": self.cfg.to_dict(), "step": at, "processes": jax.process_count()}
+        meta = {
+            "config": self.cfg.to_dict(),
+            "step": at,
+            "processes": jax.process_count(),
+            "hours": self.hours(),
+        }
         self.checkpointer.save(
             at,
             {"train": self.state, "rng": np.asarray(jax.random.key_data(self.rng))},
@@ -371,6 +430,17 @@ class _Loop:
             force=force,
         )
         self.last_saved = at
+
+
+_STOPS = (None, "target_val_acc", "max_hours", "signal")  # weakest first
+
+
+def _agreed(reason: str | None) -> str | None:
+    """The stop every process of a job acts on: the strongest any of them has. SIGTERM reaches
+    the nodes of a job at different steps and the clocks differ; a process that left the loop
+    alone would leave the others waiting in the next step's collectives."""
+    codes = multihost_utils.process_allgather(np.int32(_STOPS.index(reason)))
+    return _STOPS[int(np.max(codes))]
 
 
 def _console_line(record: dict[str, Any]) -> str:
