@@ -18,6 +18,7 @@ from linear_gpt2.platform.errors import CheckpointError
 from linear_gpt2.training.checkpoint import MANIFEST, Checkpointer, IncompatibleCheckpointError
 from linear_gpt2.training.config import load_config
 from linear_gpt2.training.trainer import RunDirectoryInUseError, train
+from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
 # lr_decay_steps fixed, so a run stopped at step 4 has the schedule of the run to step 6.
@@ -180,6 +181,7 @@ def test_refused_reruns_change_nothing(runs, tmp_path):
     assert _tree_hash(run) == before
 
 
+@SLOW
 def test_killed_while_saving_never_resumes_from_the_partial_checkpoint(runs, tmp_path):
     """SIGKILL at the moment orbax renames step 4's finished temporary directory: step 4 exists
     only as ``4.orbax-checkpoint-tmp`` (with its commit marker inside). The rerun resumes from

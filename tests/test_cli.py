@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from linear_gpt2.platform import cli, errors
+from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -105,6 +106,7 @@ def _c4_dir(root: Path, train_bytes=None, docs: int = 300) -> Path:
     return root
 
 
+@SLOW
 def test_damaged_source_files_name_the_file_and_line(tmp_path):
     truncated = _c4_dir(tmp_path / "truncated")
     f = truncated / "c4-train.00000-of-00001.json.gz"
@@ -178,6 +180,7 @@ def _fake_step(run_dir: Path, step: int, config: dict) -> None:
     (loader / "process_0.json").write_text("{}")
 
 
+@SLOW
 def test_refused_reruns_change_nothing_and_say_what_works(tmp_path):
     from linear_gpt2.training.config import load_config
 
@@ -240,6 +243,7 @@ def sample_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@SLOW
 def test_sampling_arguments(sample_run, tmp_path):
     for args, words in (
         (("--tokens", "0"), ("--tokens must be >= 1", "got 0")),
@@ -304,6 +308,7 @@ def test_missing_optional_package_names_the_install_command():
 # Nothing under $HOME
 
 
+@SLOW
 def test_entry_points_write_nothing_under_home(tmp_path):
     """Each entry point runs with HOME an empty directory and none of the cache variables the
     test suite sets; wandb (offline), datasets, matplotlib and JAX leave HOME empty."""
@@ -384,6 +389,7 @@ def test_env_defaults_keep_what_the_user_set(tmp_path, monkeypatch):
 # Argument errors: one line, exit 2, from every script
 
 
+@SLOW
 def test_argument_errors_of_every_script_are_one_line_and_exit_2(tmp_path):
     """argparse's usage text never reaches the user, values are checked before any work, and
     train.py without a config says what to give it."""

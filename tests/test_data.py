@@ -30,6 +30,7 @@ from linear_gpt2.training.data import (
 )
 from linear_gpt2.training.data.sample import document, sample_digest
 from linear_gpt2.training.data.sources import iter_file, new_stats
+from tests.helpers import SLOW
 
 # --------------------------------------------------------------------------------------------
 # Fixtures: tiny C4-format corpora
@@ -485,6 +486,7 @@ def test_prepare_data_cli(corpus, tmp_path, capsys):
     )
 
 
+@SLOW
 def test_bench_data_tiny(tmp_path):
     import subprocess
     import sys

@@ -13,6 +13,7 @@ import yaml
 
 from linear_gpt2.experiments import sweep as sweep_lib
 from linear_gpt2.platform.errors import ConfigError
+from tests.helpers import SLOW
 from tests.test_experiments_bench import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ def write_sweep(tmp_path: Path, **spec) -> Path:
     return path
 
 
+@SLOW
 def test_two_by_two_sweep_runs_then_skips(tmp_path, capsys):
     path = write_sweep(
         tmp_path, grid={"data.context": [16, 32], "attention.name": ["softmax", "LT_chunked"]}
@@ -148,6 +150,7 @@ def _steps(run: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@SLOW
 def test_overrides_reach_subprocesses_in_process_runs_and_the_slurm_script(tmp_path, capsys):
     """``key=value`` before or after the options, in a local run (each point a subprocess), an
     ``--in-process`` run and the generated SLURM array script, executed here with bash; raising

@@ -19,6 +19,7 @@ from linear_gpt2.platform.errors import DataError, RunError
 from linear_gpt2.training import run_lock
 from linear_gpt2.training.config import load_config
 from linear_gpt2.training.logger import RunLogger
+from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -85,6 +86,7 @@ def _error_line(stderr: str) -> str:
     return lines[-1]
 
 
+@SLOW
 def test_two_trainers_on_one_run_directory_one_trains_the_other_refuses(tmp_path):
     """Started together: one trains (until it is stopped, so that the other cannot come after
     it finished), the other exits 1 before writing anything, in one line naming the holder; the
@@ -119,6 +121,7 @@ def test_two_trainers_on_one_run_directory_one_trains_the_other_refuses(tmp_path
     assert not (run_dir / run_lock.LOCK_FILE).exists()  # released at the end
 
 
+@SLOW
 def test_a_killed_trainers_lock_does_not_block_the_next_run(tmp_path):
     run_dir = tmp_path / "run"
     first = _train(run_dir, "train.max_steps=100000", "checkpoint.every=2")
@@ -135,21 +138,24 @@ def test_a_killed_trainers_lock_does_not_block_the_next_run(tmp_path):
     assert [r["step"] for r in _records(run_dir)] == list(range(1, last + 3))
 
 
+@SLOW
 def test_max_hours_is_a_budget_over_every_restart(tmp_path):
     """Two preemptions (SIGTERM), then a run to the budget: ``hours`` continues across the
     restarts and never goes back, the run stops at the first step that reaches the budget, and
     a rerun with the budget spent says so and trains nothing."""
     run_dir = tmp_path / "run"
-    budget_s = 30
-    args = ("train.max_steps=100000", "checkpoint.every=1000", f"train.max_hours={budget_s / 3600}")
+    steps = ("train.max_steps=100000", "checkpoint.every=1000")
     stopped = 0
     for _ in range(2):
-        proc = _train(run_dir, *args)
+        proc = _train(run_dir, *steps, "train.max_hours=1")
         _wait_for_step(proc, run_dir, stopped + 3)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0 and "stopped by signal" in out, err[-3000:]
         stopped = max(r["step"] for r in _records(run_dir))
+    # The budget: a few seconds more than the two runs spent, however long they took.
+    budget_s = _records(run_dir)[-1]["hours"] * 3600 + 5
+    args = (*steps, f"train.max_hours={budget_s / 3600}")
     proc = _train(run_dir, *args)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0 and "(max_hours)" in out, err[-3000:]
@@ -240,6 +246,7 @@ def test_resume_rewrites_a_log_with_a_step_twice_keeping_the_original(tmp_path):
     assert [r["step"] for r in runs_lib.load_run(run_dir).records] == [1, 2, 3, 4, 5]
 
 
+@SLOW
 def test_a_two_process_job_takes_one_lock_and_refuses_together(tmp_path):
     """jax.distributed: process 0 locks for the job; while another trainer holds the directory
     both processes stop in one line (process 0 naming the holder), and none hangs."""

@@ -24,7 +24,7 @@ from linear_gpt2.training.checkpoint import IncompatibleCheckpointError
 from linear_gpt2.training.config import DataConfig, load_config
 from linear_gpt2.training.train_step import init_state, make_train_step
 from linear_gpt2.training.trainer import NonFiniteLossError, plan_batches, train
-from tests.helpers import rel_err
+from tests.helpers import SLOW, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "workers" / "train_worker.py"
@@ -95,6 +95,7 @@ def assert_same_run(a, b, loss_tol=1e-5, param_tol=1e-4):
         assert rel_err(params_b[k], params_a[k]) < param_tol, k
 
 
+@SLOW
 def test_eight_devices_match_one(setup):
     one = run_worker(setup, "dev1", 1)
     eight = run_worker(setup, "dev8", 8)
@@ -111,6 +112,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@SLOW
 def test_two_processes_match_one_process_with_as_many_devices(setup):
     root, config, base = setup
     single = run_worker(setup, "proc1_dev4", 4, ["train.max_steps=2"])
@@ -145,6 +147,7 @@ def test_two_processes_match_one_process_with_as_many_devices(setup):
     assert_same_run(single, multi)
 
 
+@SLOW
 def test_accumulating_k_micro_batches_equals_one_batch_k_times_larger():
     """The accumulated gradient equals the large batch's. Plain SGD with lr 1 makes the update the
     gradient itself (Adam's first step, ~lr * sign(g), would amplify rounding on near-zero
@@ -188,6 +191,7 @@ def _read_steps(path: Path) -> dict[int, float]:
     return out
 
 
+@SLOW
 def test_sigterm_then_resume_reproduces_the_uninterrupted_run(setup):
     root, config, base = setup
     n = 4
@@ -306,6 +310,7 @@ def test_nan_loss_with_skip_drops_only_that_update(setup, monkeypatch):
     assert [r["skipped"] for r in records] == [False, True, False]
 
 
+@SLOW
 def test_checkpoint_from_another_config_is_refused(setup):
     root, config, base = setup
     run = [*base, f"log.run_dir={root}/incompatible", "train.max_steps=1"]
