@@ -44,8 +44,9 @@ def ab_ratio(raw: Raw) -> str:
     """One sentence: the ratio, for the README."""
     d = raw.data
     return (
-        f"The default run's CPU step time is unchanged by them: {d['ratio_of_medians']:.2f} this "
-        f"/ base, {d['rounds']} rounds side by side, per round "
+        f"The default run's CPU step time at {short(d['this_commit'])} against "
+        f"{short(d['base_commit'])}: {d['ratio_of_medians']:.2f} this / base, {d['rounds']} "
+        "rounds side by side, per round "
         + ", ".join(f"{r:.2f}" for r in d["round_ratios"])
         + "."
     )
