@@ -27,7 +27,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2 import attention  # noqa: E402
-from linear_gpt2.experiments import provenance  # noqa: E402
+from linear_gpt2.platform import provenance  # noqa: E402
 from linear_gpt2.platform.memory import attention_temp_bytes  # noqa: E402
 
 # Asymptotic cost per head, for the table (T: sequence length, D: head dim, c: chunk size).

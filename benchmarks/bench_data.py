@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from linear_gpt2.experiments.provenance import environment  # noqa: E402
 from linear_gpt2.platform import env  # noqa: E402
+from linear_gpt2.platform.provenance import environment  # noqa: E402
 from linear_gpt2.training.data import TokenizedSource, c4_files, ensure_sample, prepare_split  # noqa: E402
 from linear_gpt2.training.data.loader import Loader  # noqa: E402
 from linear_gpt2.training.data.packing import doc_tokens  # noqa: E402

@@ -43,10 +43,10 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2 import attention, kernels
-from linear_gpt2.experiments.provenance import environment  # noqa: E402
 from linear_gpt2.model import flops  # noqa: E402
 from linear_gpt2.model.config import ModelConfig  # noqa: E402
 from linear_gpt2.platform.memory import is_oom  # noqa: E402
+from linear_gpt2.platform.provenance import environment  # noqa: E402
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 

@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart", action="store_true")
     args = p.parse_args(argv)
 
-    from linear_gpt2.experiments import compile_step, frontier, provenance
-    from linear_gpt2.platform import target
+    from linear_gpt2.experiments import compile_step, frontier
+    from linear_gpt2.platform import provenance, target
     from linear_gpt2.training.config import load_config
 
     t = target.get(args.target)

@@ -21,8 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import linear_gpt2  # noqa: E402, F401  (before JAX starts its backends)
-from linear_gpt2.experiments import compile_step, provenance, reports  # noqa: E402
+from linear_gpt2.experiments import compile_step, reports  # noqa: E402
 from linear_gpt2.model.config import ModelConfig  # noqa: E402
+from linear_gpt2.platform import provenance
 from linear_gpt2.platform.memory import GiB  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -53,8 +53,8 @@ def measure(point: dict, repeats: int) -> dict:
     import jax
     import numpy as np
 
-    from linear_gpt2.experiments import provenance
     from linear_gpt2.experiments import step_time as bench
+    from linear_gpt2.platform import provenance
     from linear_gpt2.platform.memory import compiled_memory
 
     overrides = {"remat": point["remat"], "loss_chunk": point["loss_chunk"]}

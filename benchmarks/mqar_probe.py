@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"run": str(run), "label": label, "step": step, **stats})
     print(markdown(results))
     if a.out:
-        from linear_gpt2.experiments import provenance, reports
+        from linear_gpt2.experiments import reports
+        from linear_gpt2.platform import provenance
 
         meta = {
             "how": "measured",

@@ -99,7 +99,7 @@ def meta_path(out: str | Path) -> Path:
 def write_meta(args: argparse.Namespace, root: Path, torch_version: str) -> None:
     """The JSONL's provenance, written before training: this project's commit, Zoology's,
     the versions and every setting (this runs in a venv apart from this project's, so it asks
-    git itself rather than ``linear_gpt2.experiments.provenance``)."""
+    git itself rather than ``linear_gpt2.platform.provenance``)."""
 
     def git(where: Path, *cmd: str) -> str | None:
         r = subprocess.run(["git", "-C", str(where), *cmd], capture_output=True, text=True)

@@ -43,8 +43,8 @@ from linear_gpt2.platform import kernel_report  # noqa: E402
 if __name__ == "__main__":
     kernel_report.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
 
-from linear_gpt2.experiments.provenance import environment  # noqa: E402
 from linear_gpt2.kernels.lt_chunked import cost, plan  # noqa: E402
+from linear_gpt2.platform.provenance import environment  # noqa: E402
 
 B, H, D, S = 1, 12, 64, 2  # bfloat16
 TS = tuple(1024 * 2**i for i in range(10))  # 1k ... 512k

@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2.experiments import provenance
     from linear_gpt2.experiments import step_time as bench
+    from linear_gpt2.platform import provenance
 
     p = cli.ArgumentParser(
         prog="scripts/bench_sample.py",

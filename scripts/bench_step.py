@@ -41,13 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from linear_gpt2.platform import cli  # noqa: E402  (before JAX: it sets XLA's log level)
 
 # isort: split
-from linear_gpt2 import attention
-from linear_gpt2.experiments import (
-    frontier,
-    plots,  # noqa: E402
-    provenance,
-)
-from linear_gpt2.experiments import step_time as bench
+from linear_gpt2 import attention  # noqa: E402
+from linear_gpt2.experiments import frontier, plots  # noqa: E402
+from linear_gpt2.experiments import step_time as bench  # noqa: E402
+from linear_gpt2.platform import provenance  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2.experiments import mqar, provenance
+    from linear_gpt2.experiments import mqar
     from linear_gpt2.experiments import sweep as sweep_lib
+    from linear_gpt2.platform import provenance
 
     args = parse_args(argv)
     if args.sweep:

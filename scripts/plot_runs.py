@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2.experiments import plots, provenance
+    from linear_gpt2.experiments import plots
     from linear_gpt2.experiments import runs as runs_lib
+    from linear_gpt2.platform import provenance
 
     p = cli.ArgumentParser(
         prog="scripts/plot_runs.py",
@@ -111,15 +112,26 @@ def _main(argv: list[str]) -> int:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(ctx_rows)
-    # Where the table came from (reports read it as context_cpu.meta.json). The trainer does not
-    # record a run's commit or versions in its directory, so only the report's are known here.
+    # Where the table came from (reports read it as context_cpu.meta.json): each run's starts as
+    # its run_info.jsonl records them (device, versions, commit; none for runs older than it).
+    starts = {r.name: r.starts for r in runs}
+    commits = sorted({c for r in runs for c in r.commits})
+    kinds = sorted({s.get("device_kind") for v in starts.values() for s in v} - {None})
+    jaxes = sorted({s.get("jax_version") for v in starts.values() for s in v} - {None})
     meta = {
         "how": "measured",
         "raw": "context_table.csv",
-        "environment": {"device_kind": None, "jax_version": None, "git_commit": None},
-        "note": "the runs' device, versions and commit are not recorded in their directories",
+        "environment": {
+            "device_kind": ", ".join(kinds) or None,
+            "jax_version": ", ".join(jaxes) or None,
+            "git_commit": ", ".join(commits) or None,
+        },
+        "note": None
+        if all(starts.values())
+        else ("some runs predate run_info.jsonl: their device, versions and commit are unknown"),
         "report_environment": provenance.environment(),
         "runs": [r.name for r in runs],
+        "starts": starts,
     }
     (out / "context_table.meta.json").write_text(json.dumps({"meta": meta}, indent=1) + "\n")
     table = runs_lib.context_table_markdown(ctx_rows)

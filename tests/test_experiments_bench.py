@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from linear_gpt2 import attention
-from linear_gpt2.experiments import frontier, provenance
+from linear_gpt2.experiments import frontier
 from linear_gpt2.experiments import step_time as bench
+from linear_gpt2.platform import provenance
 from linear_gpt2.platform.memory import is_oom
 from tests.helpers import SLOW
 

@@ -340,6 +340,27 @@ def test_max_hours_ends_the_run_with_a_checkpoint(setup):
     assert (root / "budget" / "checkpoints" / "1").exists()
 
 
+def test_every_start_of_a_run_records_where_and_with_what_it_trained(setup):
+    """``run_info.jsonl`` gets one line per call of ``train``: the step it started at, the
+    device, versions and commit (what reports cite), and reading the run gives them back."""
+    from linear_gpt2.experiments import runs as runs_lib
+    from linear_gpt2.platform import provenance
+
+    root, config, base = setup
+    run_dir = root / "starts"
+    common = [*base, f"log.run_dir={run_dir}", "checkpoint.resume=auto"]
+    train(load_config(config, [*common, "train.max_steps=2"]))
+    train(load_config(config, [*common, "train.max_steps=3"]))
+    lines = [json.loads(x) for x in (run_dir / "run_info.jsonl").read_text().splitlines()]
+    assert [x["start_step"] for x in lines] == [0, 2]
+    here = provenance.environment()
+    for x in lines:
+        assert x["git_commit"] == here["git_commit"] and x["jax_version"] == jax.__version__
+        assert x["device_kind"] == here["device_kind"] and x["hours_before"] >= 0
+    run = runs_lib.load_run(run_dir)
+    assert run.starts == lines and run.commits == [here["git_commit"]]
+
+
 def test_mfu_is_logged_against_the_configured_peak_on_a_device_the_table_lacks(setup):
     """``log.peak_tflops`` gives MFU where ``flops.py``'s table has no entry (CPU here): each
     record's ``mfu`` is the update's model FLOPs / its step time / (peak x devices), and

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from linear_gpt2.experiments import compile_step, reports
-from linear_gpt2.experiments.provenance import git_commit, json_default
 from linear_gpt2.experiments.step_time import model_config, short_error
 from linear_gpt2.model.api import count_params, param_shapes
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform.provenance import git_commit, json_default
 from linear_gpt2.platform.target import CompileError
 from linear_gpt2.training import memory_plan
 

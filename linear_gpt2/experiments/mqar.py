@@ -168,6 +168,8 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 test_examples=evaluated_examples(c),
                 train_seconds=round(sum(times), 1),
                 run=run.name,
+                # The commit of the run's last start (run_info.jsonl); None for older runs.
+                commit=run.commits[-1] if run.commits else None,
             )
         )
     return _sorted(rows)
@@ -183,9 +185,9 @@ def _sorted(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def merge(kept: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows of an earlier report (``kept``: runs whose directories are no longer here) joined
     with ``new`` ones; a new row replaces a kept one of the same protocol and run name. Rows
-    written before the recipe column read as ``"base"``."""
+    written before the recipe column read as ``"base"``, before the commit column as None."""
     fresh = {(r["protocol"], r["run"]) for r in new}
-    old = [{**r, "recipe": r.get("recipe", "base")} for r in kept]
+    old = [{**r, "recipe": r.get("recipe", "base"), "commit": r.get("commit")} for r in kept]
     return _sorted([r for r in old if (r["protocol"], r["run"]) not in fresh] + list(new))
 
 
@@ -256,7 +258,9 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "json", "md", "png")}
-    fields = list(rows[0]) if rows else ["protocol", "L", "N", "attention", "accuracy"]
+    fields = list(dict.fromkeys(k for r in rows for k in r)) or [
+        "protocol", "L", "N", "attention", "accuracy"
+    ]  # fmt: skip
     with paths["csv"].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()

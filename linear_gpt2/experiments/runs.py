@@ -34,6 +34,14 @@ class Run:
     config: dict[str, Any]
     records: list[dict[str, Any]]
     n_params: int | None = None
+    # Where and with what each start of the run trained (``run_info.jsonl``: start step, device,
+    # versions, commit, host, time); empty for runs older than that file.
+    starts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def commits(self) -> list[str]:
+        """The commits the run trained at, in order of its starts (unknown ones left out)."""
+        return list(dict.fromkeys(s["git_commit"] for s in self.starts if s.get("git_commit")))
 
     @property
     def attention(self) -> str:
@@ -157,17 +165,24 @@ def load_run(run_dir: str | Path) -> Run:
     drawn twice over itself."""
     d = Path(run_dir)
     config = flatten(yaml.safe_load((d / "config.yaml").read_text()) or {})
-    records = []
     metrics = d / "metrics.jsonl"
-    if metrics.exists():
-        for line in metrics.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a preemption
+    records = _jsonl(metrics)  # a line cut by a preemption is skipped
     _refuse_duplicate_steps(records, metrics)
     name = str(config.get("log.name") or d.name)
-    return Run(name, config, records, count_params_of(config))
+    return Run(name, config, records, count_params_of(config), _jsonl(d / "run_info.jsonl"))
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file (none if it does not exist; a line cut short is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 def _refuse_duplicate_steps(records: list[dict[str, Any]], path: Path) -> None:

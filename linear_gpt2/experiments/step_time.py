@@ -43,10 +43,10 @@ import numpy as np
 
 from linear_gpt2.attention import autotune
 from linear_gpt2.experiments.axes import loglog_slope
-from linear_gpt2.experiments.provenance import json_default
 from linear_gpt2.model.api import count_params, init_config, init_params, param_shapes
 from linear_gpt2.model.config import PRESETS, ModelConfig
 from linear_gpt2.platform.memory import compiled_memory, is_oom
+from linear_gpt2.platform.provenance import json_default
 from linear_gpt2.training import memory_plan
 from linear_gpt2.training.config import TrainConfig
 from linear_gpt2.training.optim import optimizer

@@ -19,12 +19,14 @@ clock, so a requeued job stops where the budget ends and a rerun with it spent t
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
 import jax
 
 from linear_gpt2.model import count_params, init_params
+from linear_gpt2.platform import provenance
 from linear_gpt2.training import checkpoint as ckpt_lib
 from linear_gpt2.training import data as data_lib
 from linear_gpt2.training.batches import plan_batches
@@ -77,6 +79,7 @@ def train(cfg: Config) -> RunResult:
         start = _open(cfg, layout, is_main)
         if is_main:
             save_config(cfg, run_dir / "config.yaml")
+            _note_start(run_dir, start)
         log = _start_log(cfg, layout, start, is_main)
         programs = build_programs(
             cfg, layout.model_cfg, layout.tx, layout.mesh, layout.plan, layout.shardings.params, log
@@ -166,6 +169,20 @@ def _open(cfg: Config, layout: Layout, is_main: bool) -> Start:
         out_shardings=layout.shardings,
     )()
     return Start(checkpointer, loader, 0, state, rng, 0.0)
+
+
+RUN_INFO = "run_info.jsonl"
+
+
+def _note_start(run_dir: Path, start: Start) -> None:
+    """Append where and with what this call trains to ``RUN_DIR/run_info.jsonl``: the step it
+    starts at, the hours trained before, the device, versions, commit and host
+    (``platform.provenance``). One line per start, so a run resumed on other machines or at
+    other commits says which steps each trained; reports read it."""
+    info = {"start_step": start.step, "hours_before": start.hours, **provenance.environment()}
+    info.update(provenance.allocator())
+    with (run_dir / RUN_INFO).open("a") as f:
+        f.write(json.dumps(info, default=provenance.json_default) + "\n")
 
 
 def _start_log(cfg: Config, layout: Layout, start: Start, is_main: bool) -> RunLogger:

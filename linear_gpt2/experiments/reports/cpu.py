@@ -46,9 +46,7 @@ def ab_ratio(raw: Raw) -> str:
     return (
         f"The default run's CPU step time at {short(d['this_commit'])} against "
         f"{short(d['base_commit'])}: {d['ratio_of_medians']:.2f} this / base, {d['rounds']} "
-        "rounds side by side, per round "
-        + ", ".join(f"{r:.2f}" for r in d["round_ratios"])
-        + "."
+        "rounds side by side, per round " + ", ".join(f"{r:.2f}" for r in d["round_ratios"]) + "."
     )
 
 

@@ -1,8 +1,9 @@
-"""Where a result was obtained: device, versions, commit, host and time, for every results file.
+"""Where a result was obtained: device, versions, commit, host and time.
 
-:func:`environment` is what each benchmark writes into its raw file's ``meta``; the renderers of
-the reports (``experiments.reports``) read it back, so a table never loses where its numbers
-came from.
+:func:`environment` is what each benchmark writes into its raw file's ``meta`` and what the
+trainer appends to a run directory's ``run_info.jsonl`` at every start; the renderers of the
+reports (``experiments.reports``) read it back, so a table never loses where its numbers came
+from.
 """
 
 from __future__ import annotations
