@@ -19,3 +19,17 @@ def rel_err(out, ref) -> float:
     ref = np.asarray(ref, dtype=np.float64)
     denom = np.linalg.norm(ref)
     return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
+
+
+# A one-layer GPT-2 on random tokens, two sequences of 32 per update, no evaluation, no wandb:
+# the overrides the subprocess tests start from (scripts/train.py configs/default.yaml ...).
+TINY_OVERRIDES = (
+    "data.source=synthetic",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.block_size=32",
+    "data.context=32",
+    "train.tokens_per_update=64",
+    "train.micro_batch=2",
+)

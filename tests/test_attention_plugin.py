@@ -29,20 +29,13 @@ from linear_gpt2.model import ModelConfig, count_params, init_params, param_shap
 from linear_gpt2.model.flops import flops_per_token
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.config import load_config
-from tests.helpers import rel_err
+from tests.helpers import TINY_OVERRIDES, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "tempered_attention.py"
 NAME = "my_lab.tempered_attention"
 TINY = [
-    "data.source=synthetic",
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.n_embd=32",
-    "model.block_size=32",
-    "data.context=32",
-    "train.tokens_per_update=64",
-    "train.micro_batch=2",
+    *TINY_OVERRIDES,
     "train.warmup_steps=1",
     "log.wandb=disabled",
     "log.eval_every=0",

@@ -16,18 +16,11 @@ import numpy as np
 import pytest
 
 from linear_gpt2.platform import cli, errors
-from tests.helpers import SLOW
+from tests.helpers import SLOW, TINY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "data.source=synthetic",
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.n_embd=32",
-    "model.block_size=32",
-    "data.context=32",
-    "train.tokens_per_update=64",
-    "train.micro_batch=2",
+    *TINY_OVERRIDES,
     "train.max_steps=2",
     "log.eval_every=0",
     "log.wandb=disabled",

@@ -103,17 +103,18 @@ def prepare_sample(cfg: DataConfig, split: str) -> Path:
     """Generate the sample corpus and tokenize ``split`` if not done yet; returns the split dir."""
     root = Path(cfg.path or DEFAULT_SAMPLE_DIR)
     ensure_sample(root, seed=0)  # the corpus is fixed; data.seed only orders it
-    tok = Path(cfg.tokenized_dir) if cfg.tokenized_dir else root / "tokenized"
-    split_dir = tok / split
-    index = read_index(split_dir) if split_dir.is_dir() else None
-    if index is None or not index.get("complete"):
-        prepare_split(c4_files(root, split), split_dir, split, num_proc=1)
-    return split_dir
+    return _tokenized(cfg, root, split)
 
 
 def prepare_shakespeare(cfg: DataConfig, split: str) -> Path:
     """Write the Shakespeare corpus and tokenize ``split`` if not done yet; the split dir."""
     root = shakespeare.ensure_corpus(cfg.path or shakespeare.DEFAULT_DIR, cfg.doc_chars)
+    return _tokenized(cfg, root, split)
+
+
+def _tokenized(cfg: DataConfig, root: Path, split: str) -> Path:
+    """The shards of a corpus written in C4's format under ``root``: ``split`` tokenized into
+    ``data.tokenized_dir`` (default ``root/tokenized``) unless a complete index says it is."""
     tok = Path(cfg.tokenized_dir) if cfg.tokenized_dir else root / "tokenized"
     split_dir = tok / split
     index = read_index(split_dir) if split_dir.is_dir() else None
