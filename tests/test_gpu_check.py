@@ -45,6 +45,7 @@ def test_dry_run_lists_every_stage_and_fits_the_budgets():
     assert "step_time_h100_124M_flash_LT_chunked.json" in out  # priced from the measured H100
 
 
+@SLOW
 def test_make_honours_dry_run_and_args():
     for cmd in (["make", "-n", "gpu-check"], ["make", "gpu-check", "ARGS=--dry-run"]):
         r = subprocess.run([*cmd, f"PY={sys.executable}"], capture_output=True, text=True,
