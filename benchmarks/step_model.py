@@ -13,9 +13,9 @@ model predicts concrete changes would do to each target gap of issue 30 (``step_
     python benchmarks/step_model.py --no-compile # the cached costs only: seconds
     python benchmarks/step_model.py --tiny --out DIR  # a tiny model, synthetic times (tests)
 
-Writes ``step_time_h100_costs_compiled.json`` (the cache: per point the setting, the memory
+Writes ``train_step_h100_costs_compiled.json`` (the cache: per point the setting, the memory
 match and the cost rows; resumable, ``--restart`` recompiles) and
-``step_time_h100_model.{json,md}`` under ``--out`` (default benchmarks/results/).
+``train_step_h100_model.{json,md}`` under ``--out`` (default benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from linear_gpt2.experiments import step_model as sm  # noqa: E402
 from linear_gpt2.platform.provenance import environment  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COSTS = "step_time_h100_costs_compiled.json"
-STEM = "step_time_h100_model"
+COSTS = "train_step_h100_costs_compiled.json"
+STEM = "train_step_h100_model"
 FOCUS = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:1048576:offload:4096")
 
 
@@ -173,9 +173,7 @@ def main(argv=None) -> int:
     (args.out / f"{STEM}.json").write_text(json.dumps(result, indent=1) + "\n")
     from linear_gpt2.experiments import reports
 
-    md = reports.page(
-        args.out / f"{STEM}.md", reports.block("step_model.page", f"{STEM}.json")
-    )
+    md = reports.page(args.out / f"{STEM}.md", reports.block("step_model.page", f"{STEM}.json"))
     f = result["fit"]
     print(f"MODEL: median |error| {f['median_abs']:.1%}, max {f['max_abs']:.1%} over {f['n']} "
           f"points; wrote {args.out / f'{STEM}.json'}, {md}")  # fmt: skip

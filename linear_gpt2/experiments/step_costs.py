@@ -61,7 +61,7 @@ def measured_points(results: str | Path) -> list[Point]:
     results = Path(results)
     points = []
     for f in sorted(results.glob(STEP_FILES)):
-        if f.name == CHECK_FILE or "model" in f.name:
+        if f.name == CHECK_FILE:
             continue
         for r in json.loads(f.read_text()).get("results", []):
             if r.get("status") == "ok" and r.get("median_ms"):
@@ -130,8 +130,11 @@ def cost_rows(ops: list[hlo_costs.Op], point: Point) -> list[dict[str, Any]]:
         if op.kind == "pallas":
             name = op.detail.get("kernel", "")
             k = kernels.get(name)
-            base.update(kernel=name, modelled=k is not None,
-                        programs=k.programs if k else math.prod(op.detail.get("grid") or [1]))
+            base.update(
+                kernel=name,
+                modelled=k is not None,
+                programs=k.programs if k else math.prod(op.detail.get("grid") or [1]),
+            )
             base.update(flops=k.flops if k else 0.0, bytes=k.bytes if k else op.bytes)
         elif op.kind in ("matmul", "flash"):
             base.update(flops=op.flops, bytes=op.bytes)

@@ -168,7 +168,15 @@ def fit(
 
     lo, hi = zip(*(_BOUNDS[k] for k in free))
     x0 = [min(max(getattr(start, k), a), b) for k, a, b in zip(free, lo, hi)]
-    best = least_squares(lambda v: log_errors(points, params(v)), x0, bounds=(lo, hi))
+    best = least_squares(
+        lambda v: log_errors(points, params(v)),
+        x0,
+        bounds=(lo, hi),
+        x_scale="jac",
+        ftol=1e-12,
+        xtol=1e-12,
+        gtol=1e-12,
+    )
     return params(best.x)
 
 

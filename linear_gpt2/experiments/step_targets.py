@@ -100,8 +100,10 @@ def like_flash(flash: Rows) -> Change:
         "attention glue as flash's",
         "the XLA kernels around the LT kernels (feature map, pads, slices, layout changes) "
         "no more traffic and launches than those around cuDNN's flash attention",
-        rows=lambda rows: [r for r in rows if not _in("attention core")(r)]
-        + [dict(r) for r in flash if _in("attention core")(r)],
+        rows=lambda rows: (
+            [r for r in rows if not _in("attention core")(r)]
+            + [dict(r) for r in flash if _in("attention core")(r)]
+        ),
     )
 
 
@@ -119,8 +121,10 @@ def swap_pallas(donor: Rows) -> Change:
         "chunk-parallel kernel",
         "LT_attention_parallel's single-pass kernels replaced by the chunk-parallel kernels of "
         "LT_chunked at the same shape (the same function; issue 30 item 3)",
-        rows=lambda rows: [r for r in rows if r["kind"] != "pallas"]
-        + [dict(r) for r in donor if r["kind"] == "pallas"],
+        rows=lambda rows: (
+            [r for r in rows if r["kind"] != "pallas"]
+            + [dict(r) for r in donor if r["kind"] == "pallas"]
+        ),
     )
 
 
@@ -175,7 +179,7 @@ def evaluate(rows_of: dict[str, Rows], measured_ms: dict[str, float], p: Params)
         measured = measured_ms.get(t.point)
         goal = t.goal_ms if t.baseline is None else measured_ms.get(t.baseline)
 
-        def scaled(ms: float) -> float | None:
+        def scaled(ms: float, measured=measured, now=now) -> float | None:
             return None if measured is None else measured * ms / now
 
         changes = []
@@ -192,6 +196,9 @@ def evaluate(rows_of: dict[str, Rows], measured_ms: dict[str, float], p: Params)
             "all_changes_scaled_ms": best,
             "met_by_all": None if best is None or goal is None else best <= goal,
             "breakdown_ms": {k: v * 1e3 for k, v in sm.breakdown(rows, p).items()},
+            "model_error": None if measured is None else now / measured - 1,
+            "baseline_model_error": (price(rows_of[t.baseline], p) * 1e3 / goal - 1)
+            if t.baseline and goal else None,
             "baseline_breakdown_ms": {k: v * 1e3 for k, v in
                                       sm.breakdown(rows_of[t.baseline], p).items()}
             if t.baseline else None,

@@ -1,6 +1,6 @@
-"""The step-time MODEL of the H100 against the measured steps: ``step_time_h100_model.md``.
+"""The step-time MODEL of the H100 against the measured steps: ``train_step_h100_model.md``.
 
-Raw file (``benchmarks/step_model.py``): ``step_time_h100_model.json``: ``meta``, the fitted
+Raw file (``benchmarks/step_model.py``): ``train_step_h100_model.json``: ``meta``, the fitted
 ``params``, the ``fit`` summary (in sample, leave-one-out, held out), per point the measured and
 modelled ms and the error, the ``focus`` breakdowns (124M at 64k and 1M) and the ``targets``
 with the changes priced on each.
@@ -32,6 +32,11 @@ PARAM_LABELS = {
 }
 
 
+SHORT = {"matmul": "matmuls", "flash": "cuDNN attention", "pallas": "LT kernels",
+         "elementwise": "elementwise", "reduction": "reductions/transposes", "host": "host offload",
+         "launch": "launches"}  # fmt: skip
+
+
 def _ms(x: float | None) -> str:
     if x is None:
         return "—"
@@ -61,7 +66,7 @@ def summary(model: Raw) -> str:
            "time" if loo else "")
         + (f", and by a median {held['median_abs']:.1%} (max {held['max_abs']:.1%}) on the "
            f"{held['n']} memory-check steps it was not fitted to" if held else "")
-        + " (`benchmarks/results/step_time_h100_model.md`)."
+        + " (`benchmarks/results/train_step_h100_model.md`)."
     )  # fmt: skip
 
 
@@ -115,16 +120,35 @@ def _targets(targets: list[dict[str, Any]]) -> list[str]:
     for t in targets:
         goal = (f"no slower than `{t['baseline']}` (measured {_ms(t['goal_ms'])} ms)"
                 if t["baseline"] else f"{_ms(t['goal_ms'])} ms")  # fmt: skip
+        note = ""
+        if t["baseline"]:
+            gap = t["measured_ms"] / t["goal_ms"] - 1
+            err = max(abs(t["model_error"]), abs(t["baseline_model_error"]))
+            a, b = t["breakdown_ms"], t["baseline_breakdown_ms"]
+            diff = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in {**a, **b}}
+            note = (
+                " MODEL difference to the baseline by class: "
+                + ", ".join(f"{SHORT[k]} {v:+.1f} ms" for k, v in diff.items() if abs(v) >= 0.05)
+                + "."
+                + (f" The MODEL's error on these two points (up to {err:.1%}) exceeds the "
+                   f"measured gap ({gap:+.1%}): it says which classes differ, not whether a "
+                   "change closes the gap." if err > abs(gap) else "")
+            )  # fmt: skip
         lines += [
             f"**{t['target']}** (now: {t['now']}; measured {_ms(t['measured_ms'])} ms, MODEL "
-            f"{_ms(t['modelled_ms'])} ms; goal {goal}).",
+            f"{_ms(t['modelled_ms'])} ms; goal {goal}).{note}",
             "",
             table(
                 ["change (MODEL)", "MODEL ms", "measured x MODEL ratio, ms", "what"],
                 [[c["name"], _ms(c["ms"]), _ms(c["scaled_ms"]), c["what"]] for c in t["changes"]]
-                + [["**all of the above**", _ms(t["all_changes_ms"]),
-                    _ms(t["all_changes_scaled_ms"]),
-                    "goal met" if t["met_by_all"] else "goal NOT met"]],
+                + [
+                    [
+                        "**all of the above**",
+                        _ms(t["all_changes_ms"]),
+                        _ms(t["all_changes_scaled_ms"]),
+                        "goal met" if t["met_by_all"] else "goal NOT met",
+                    ]
+                ],
                 "lrrl",
             ),  # fmt: skip
             "",
@@ -188,3 +212,33 @@ def page(model: Raw) -> str:
                   "applies the model's relative change to the measured time.", ""]  # fmt: skip
         lines += _targets(d["targets"])
     return "\n".join(lines).rstrip() + "\n"
+
+
+@renderer("step_model.where")
+def where(model: Raw) -> str:
+    """Bullets for docs/results.md: where the focus points' modelled time goes, and what the
+    model says the targets' changes would do."""
+    d = model.data
+    by_key = {r["key"]: r for r in d["points"]}
+    lines = []
+    for key, f in d["focus"].items():
+        total = sum(f["by_class_ms"].values())
+        parts = sorted(f["by_class_ms"].items(), key=lambda kv: -kv[1])
+        r = by_key[key]
+        lines.append(
+            f"- {_point(r)} ({r['remat']}, loss chunk {r['loss_chunk']}): measured "
+            f"{_ms(r['measured_ms'])} ms, MODEL {_ms(total)} ms: "
+            + ", ".join(f"{SHORT[k]} {v / total:.0%}" for k, v in parts if v / total >= 0.01)
+            + "."
+        )
+    for t in d["targets"]:
+        best = sorted(t["changes"], key=lambda c: c["ms"])[0]
+        lines.append(
+            f"- {t['target']}: the largest single step the MODEL finds is *{best['name']}* "
+            f"({_ms(best['scaled_ms'])} ms scaled to the measurement); with all its changes "
+            f"{_ms(t['all_changes_scaled_ms'])} ms"
+            + (f" against `{t['baseline']}`'s measured {_ms(t['goal_ms'])} ms" if t["baseline"]
+               else "")
+            + "."
+        )  # fmt: skip
+    return "\n".join(lines)
