@@ -105,11 +105,11 @@ def test_costs_of_each_launch_match_a_hand_count():
     assert (g.kind, g.count, g.part) == ("matmul", 1, "mlp")
     assert g.flops == 2 * 64 * 16 * 32 and g.bytes == (64 * 32 + 32 * 16 + 64 * 16) * 2
     fa = ops["fa"]  # causal: half of 4 B H T^2 D; q, k, v read, output and stats written
-    assert (fa.kind, fa.flops) == ("flash", 4 * 1 * 2 * 128 * 128 * 16 * 0.5)
+    assert (fa.kind, fa.flops) == ("fmha", 4 * 1 * 2 * 128 * 128 * 16 * 0.5)
     assert fa.bytes == 3 * (128 * 2 * 16 * 2) + 128 * 2 * 16 * 2 + 2 * 128 * 4
     pk = ops["pk"]  # Pallas: FLOPs from the kernel cost model, not the HLO
     assert (pk.kind, pk.flops, pk.detail["kernel"], pk.detail["grid"]) == (
-        "pallas", 0.0, "lt_chunked_fwd_o", [4, 2, 1]
+        "kernel", 0.0, "lt_chunked_fwd_o", [4, 2, 1]
     )  # fmt: skip
     s = ops["s"]  # in place, in a loop of 3: the update read and written (and the index), not
     # the buffer
@@ -151,13 +151,13 @@ def test_costs_of_a_program_compiled_for_the_h100():
 
 ROWS = [
     {"kind": "matmul", "part": "mlp", "backward": False, "flops": 1e12, "bytes": 1e9, "count": 2},
-    {"kind": "flash", "part": "attention core", "backward": True, "flops": 5e11, "bytes": 1e8,
+    {"kind": "fmha", "part": "attention core", "backward": True, "flops": 5e11, "bytes": 1e8,
      "count": 1},
     {"kind": "memory", "part": "layernorm", "backward": False, "flops": 0.0, "bytes": 3e9,
      "count": 10, "fusion": "loop", "f32": 1.0},
     {"kind": "memory", "part": "mlp", "backward": True, "flops": 0.0, "bytes": 1e9, "count": 4,
      "fusion": "input"},
-    {"kind": "pallas", "part": "attention core", "backward": False, "flops": 1e11, "bytes": 1e8,
+    {"kind": "kernel", "part": "attention core", "backward": False, "flops": 1e11, "bytes": 1e8,
      "count": 3, "programs": 66},
     {"kind": "host", "part": "saved activations", "backward": False, "flops": 0.0, "bytes": 5e9,
      "count": 2},
@@ -165,15 +165,15 @@ ROWS = [
 
 
 def test_the_models_arithmetic():
-    p = sm.Params(matmul=0.5, flash=0.4, pallas=0.25, memory=0.8, reduction=0.5, launch_us=2.0)
+    p = sm.Params(matmul=0.5, fmha=0.4, kernel=0.25, memory=0.8, reduction=0.5, launch_us=2.0)
     P, W = sm.PEAK_FLOPS, sm.PEAK_BYTES
     expect = {
         "matmul": 2 * max(1e12 / (0.5 * P), 1e9 / (0.8 * W)),
-        "flash": max(5e11 / (0.4 * P), 1e8 / (0.8 * W)),
+        "fmha": max(5e11 / (0.4 * P), 1e8 / (0.8 * W)),
         "elementwise": 10 * 3e9 / (0.8 * W),
         "reduction": 4 * 1e9 / (0.5 * W),
         # 66 programs use half the 132 SMs: the roofline at half the GPU
-        "pallas": 3 * max(1e11 / (0.25 * P), 1e8 / (0.8 * W)) * 2,
+        "kernel": 3 * max(1e11 / (0.25 * P), 1e8 / (0.8 * W)) * 2,
         "host": 2 * 5e9 / sm.HOST_BYTES_PER_S,
         "launch": 22 * 2e-6,
     }
@@ -188,7 +188,7 @@ def test_the_models_arithmetic():
 
 
 def test_the_fit_recovers_the_constants_that_made_the_times():
-    truth = sm.Params(matmul=0.7, flash=0.45, pallas=0.2, memory=0.85, reduction=0.4,
+    truth = sm.Params(matmul=0.7, fmha=0.45, kernel=0.2, memory=0.85, reduction=0.4,
                       launch_us=2.5)  # fmt: skip
     import numpy as np
 
@@ -266,7 +266,7 @@ def test_the_script_compiles_a_tiny_config_for_the_h100(tmp_path):
     costs = json.loads((tmp_path / "train_step_h100_costs_compiled.json").read_text())
     assert costs["meta"]["how"] == "compiled" and len(costs["points"]) == 3
     lt = costs["points"]["LT_chunked:tiny:256"]["rows"]
-    assert any(r["kind"] == "pallas" and r["modelled"] for r in lt)
+    assert any(r["kind"] == "kernel" and r["modelled"] for r in lt)
     model = json.loads((tmp_path / "train_step_h100_model.json").read_text())
     assert (
         model["meta"]["how"] == "modelled" and "synthetic" in model["meta"]["settings"]["measured"]

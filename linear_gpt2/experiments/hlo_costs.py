@@ -47,7 +47,10 @@ FREE = {
     "send-done", "recv-done", "all-reduce-done", "all-gather-done", "add-dependency",
 }  # fmt: skip
 SLICING = {"slice", "dynamic-slice", "gather"}
-KINDS = ("matmul", "flash", "pallas", "memory", "copy", "host", "other")
+TRITON = "__gpu$xla.gpu.triton"  # Pallas (and jax-triton) kernels: custom calls to this target
+CUDNN_FMHA = "__cudnn$fmha"  # cuDNN's fused attention, forward and backward
+# The op classes: GEMMs, cuDNN attention, custom (Pallas) kernels, data movement, host transfers.
+KINDS = ("matmul", "fmha", "kernel", "memory", "copy", "host", "other")
 
 
 @dataclasses.dataclass
@@ -232,12 +235,12 @@ def _custom_call(ins: Instr, caller: Computation) -> tuple[str, float, float, di
     target = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
     t = target[1] if target else ""
     ins_bytes = sum(_operand_bytes(caller, o) for o in ins.operands)
-    if "triton" in t:
+    if t == TRITON:
         name = re.search(r'\bname = "([^"]+)"', ins.attrs)
         grid = [int(g) for g in re.findall(r"grid_[xyz] = (\d+)", ins.attrs)]
         detail = {"kernel": name[1] if name else "", "grid": grid}
-        return "pallas", 0.0, ins_bytes + ins.out_bytes, detail
-    if "fmha" in t or "cudnn" in t.lower() and "attention" in ins.op_name.lower():
+        return "kernel", 0.0, ins_bytes + ins.out_bytes, detail
+    if t.startswith(CUDNN_FMHA):
         q = caller.by_name[ins.operands[0]].shape[0]
         scores = re.search(
             r'"intermediate_tensor_shape":[^]]*"dimensions":\s*\[([^]]*)\]', ins.attrs
@@ -248,7 +251,7 @@ def _custom_call(ins: Instr, caller: Computation) -> tuple[str, float, float, di
         out = [a for a in ins.shape if a.dtype != "u8"]  # the last leaf: cuDNN's workspace
         detail = {"target": t, "scores": list(bhqk), "D": q.dims[-1], "causal": causal}
         flops = flash_flops(bhqk, q.dims[-1], causal, backward) if bhqk else 0.0
-        return "flash", flops, ins_bytes + sum(a.bytes for a in out), detail
+        return "fmha", flops, ins_bytes + sum(a.bytes for a in out), detail
     if "cublas" in t:
         dims = re.search(r'"lhs_contracting_dimensions":\["?([\d"," ]*)\]', ins.attrs)
         lhs = caller.by_name[ins.operands[0]].shape[0]

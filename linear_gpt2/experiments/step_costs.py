@@ -97,21 +97,20 @@ def _attention_parallel_costs(B: int, T: int, H: int, D: int, c: int) -> list[lt
 
 
 def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
-    """The cost model's kernels of ``point``'s attention, by the Pallas kernel's name."""
+    """The cost models' kernels at ``point``'s shape, by the name their Pallas kernels are
+    launched with (``LT_chunked``'s both designs, ``LT_attention_parallel``'s single pass): a
+    launch is priced by the entry of its name, whatever attention launched it."""
     dims = SIZES[point.size]
     B, T, H = 1, point.context, dims["n_head"]
     D = dims["n_embd"] // H
     Dp = max(16, 2 ** math.ceil(math.log2(D)))
-    c = point.chunk_size or 64
-    if point.attention == "LT_chunked":
-        blocks = lt_plan.blocks(B, T, H, Dp, c)
-        ks = lt_cost.chunk_kernels(B, T, H, Dp, BF16, blocks, True)
-        ks += lt_cost.fused_kernels(B, T, H, Dp, BF16, lt_plan.fused_blocks(B, T, H, Dp, c), True)
-        return {"lt_chunked_" + k.name: k for k in ks if not k.name.startswith(("xla", "fwd_h ("))}
-    if point.attention == "LT_attention_parallel":
-        ks = _attention_parallel_costs(B, T, H, Dp, lt_plan.tile(c, Dp))
-        return {"lt_attention_parallel_" + k.name: k for k in ks}
-    return {}
+    c = min(point.chunk_size or 64, T)
+    ks = lt_cost.chunk_kernels(B, T, H, Dp, BF16, lt_plan.blocks(B, T, H, Dp, c), True)
+    ks += lt_cost.fused_kernels(B, T, H, Dp, BF16, lt_plan.fused_blocks(B, T, H, Dp, c), True)
+    out = {"lt_chunked_" + k.name: k for k in ks if not k.name.startswith(("xla", "fwd_h ("))}
+    for k in _attention_parallel_costs(B, T, H, Dp, lt_plan.tile(c, Dp)):
+        out["lt_attention_parallel_" + k.name] = k
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,7 +126,7 @@ def cost_rows(ops: list[hlo_costs.Op], point: Point) -> list[dict[str, Any]]:
     for op in ops:
         base = {"kind": op.kind, "part": op.part, "backward": op.backward,
                 "async": bool(op.detail.get("async"))}  # fmt: skip
-        if op.kind == "pallas":
+        if op.kind == "kernel":
             name = op.detail.get("kernel", "")
             k = kernels.get(name)
             base.update(
@@ -136,7 +135,7 @@ def cost_rows(ops: list[hlo_costs.Op], point: Point) -> list[dict[str, Any]]:
                 programs=k.programs if k else math.prod(op.detail.get("grid") or [1]),
             )
             base.update(flops=k.flops if k else 0.0, bytes=k.bytes if k else op.bytes)
-        elif op.kind in ("matmul", "flash"):
+        elif op.kind in ("matmul", "fmha"):
             base.update(flops=op.flops, bytes=op.bytes)
         if "flops" in base:
             key = tuple(sorted(base.items()))

@@ -37,9 +37,9 @@ from linear_gpt2.kernels.lt_chunked import cost as lt_cost
 PEAK_FLOPS = lt_cost.PEAK_FLOPS  # dense bf16, FLOP/s
 PEAK_BYTES = lt_cost.PEAK_BYTES  # HBM3, bytes/s
 HOST_BYTES_PER_S = 50e9  # PCIe 5 x16 to pinned host memory, each way (assumed)
-FITTED = ("matmul", "flash", "pallas", "memory", "reduction", "launch_us")
+FITTED = ("matmul", "fmha", "kernel", "memory", "reduction", "launch_us")
 # The op classes a breakdown reports, in order ("launch" is the per-launch overhead).
-CLASSES = ("matmul", "flash", "pallas", "elementwise", "reduction", "host", "launch")
+CLASSES = ("matmul", "fmha", "kernel", "elementwise", "reduction", "host", "launch")
 _MEMORY_KINDS = {"memory", "copy", "other"}
 
 
@@ -48,8 +48,8 @@ class Params:
     """Achieved fractions of the H100's peaks per op class, and the overhead per launch."""
 
     matmul: float = 0.6
-    flash: float = 0.4
-    pallas: float = 0.5
+    fmha: float = 0.4  # cuDNN's flash attention
+    kernel: float = 0.5  # the Pallas kernels
     memory: float = 0.8
     reduction: float = 0.5
     launch_us: float = 3.0
@@ -77,10 +77,10 @@ def row_seconds(row: dict[str, Any], p: Params) -> float:
     kind, f, b = row["kind"], row["flops"], row["bytes"]
     if kind == "matmul":
         return max(f / (p.matmul * PEAK_FLOPS), b / (p.memory * PEAK_BYTES))
-    if kind == "flash":
-        return max(f / (p.flash * PEAK_FLOPS), b / (p.memory * PEAK_BYTES))
-    if kind == "pallas":
-        return pallas_seconds(row, p.pallas, p.memory)
+    if kind == "fmha":
+        return max(f / (p.fmha * PEAK_FLOPS), b / (p.memory * PEAK_BYTES))
+    if kind == "kernel":
+        return pallas_seconds(row, p.kernel, p.memory)
     if kind == "host":
         return b / p.host_bytes_per_s
     if row.get("fusion") == "input":
@@ -144,7 +144,7 @@ def log_errors(points: Sequence[tuple[list[dict], float]], p: Params) -> list[fl
     return [math.log(predict(rows, p) / measured) for rows, measured in points]
 
 
-_BOUNDS = {"matmul": (0.05, 1.0), "flash": (0.05, 1.0), "pallas": (0.02, 1.0),
+_BOUNDS = {"matmul": (0.05, 1.0), "fmha": (0.05, 1.0), "kernel": (0.02, 1.0),
            "memory": (0.1, 1.0), "reduction": (0.05, 1.0), "launch_us": (0.0, 20.0)}  # fmt: skip
 
 

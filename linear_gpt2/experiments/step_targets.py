@@ -83,7 +83,7 @@ PALLAS_AS_CUDNN = Change(
     "LT kernels' FLOPs as efficient as cuDNN's",
     "the Pallas kernels' FLOPs at the fraction of the peak cuDNN's flash attention reaches "
     "(the fitted flash fraction)",
-    params=lambda p: dataclasses.replace(p, pallas=max(p.pallas, p.flash)),
+    params=lambda p: dataclasses.replace(p, kernel=max(p.kernel, p.fmha)),
 )
 HOST_OVERLAPPED = Change(
     "offload overlapped",
@@ -112,7 +112,7 @@ def cudnn_at(fraction: float) -> Change:
         f"flash attention at {fraction:.0%} of peak",
         f"cuDNN's flash attention at {fraction:.0%} of the bf16 peak (FlashAttention-3's "
         "Hopper kernels report 60-75% at long sequences)",
-        params=lambda p: dataclasses.replace(p, flash=max(p.flash, fraction)),
+        params=lambda p: dataclasses.replace(p, fmha=max(p.fmha, fraction)),
     )
 
 
@@ -122,8 +122,8 @@ def swap_pallas(donor: Rows) -> Change:
         "LT_attention_parallel's single-pass kernels replaced by the chunk-parallel kernels of "
         "LT_chunked at the same shape (the same function; issue 30 item 3)",
         rows=lambda rows: (
-            [r for r in rows if r["kind"] != "pallas"]
-            + [dict(r) for r in donor if r["kind"] == "pallas"]
+            [r for r in rows if r["kind"] != "kernel"]
+            + [dict(r) for r in donor if r["kind"] == "kernel"]
         ),
     )
 

@@ -15,8 +15,8 @@ from linear_gpt2.experiments.reports.fmt import context_label, provenance, short
 
 CLASS_LABELS = {
     "matmul": "matmuls (XLA GEMM fusions)",
-    "flash": "cuDNN flash attention",
-    "pallas": "Pallas LT kernels",
+    "fmha": "cuDNN flash attention",
+    "kernel": "Pallas LT kernels",
     "elementwise": "elementwise kernels (XLA loop fusions, copies, scan stacking)",
     "reduction": "reductions and transposes (XLA input fusions)",
     "host": "host offload transfers",
@@ -24,15 +24,15 @@ CLASS_LABELS = {
 }
 PARAM_LABELS = {
     "matmul": "matmul FLOPs, fraction of 989 TFLOP/s",
-    "flash": "flash attention FLOPs, fraction of 989 TFLOP/s",
-    "pallas": "Pallas kernel FLOPs, fraction of 989 TFLOP/s",
+    "fmha": "flash attention FLOPs, fraction of 989 TFLOP/s",
+    "kernel": "Pallas kernel FLOPs, fraction of 989 TFLOP/s",
     "memory": "elementwise kernels' and Pallas kernels' bytes, fraction of 3.35 TB/s",
     "reduction": "reduction and transpose kernels' bytes, fraction of 3.35 TB/s",
     "launch_us": "overhead per launch, us",
 }
 
 
-SHORT = {"matmul": "matmuls", "flash": "cuDNN attention", "pallas": "LT kernels",
+SHORT = {"matmul": "matmuls", "fmha": "cuDNN attention", "kernel": "LT kernels",
          "elementwise": "elementwise", "reduction": "reductions/transposes", "host": "host offload",
          "launch": "launches"}  # fmt: skip
 
