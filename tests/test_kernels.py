@@ -521,6 +521,17 @@ def test_roofline_model_tiny(tmp_path):
         if row["T"] == "4096":
             total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
     assert total["chunk"] < total["old"] / 2, total
+    # LT_attention_parallel's page: the old kernels against the tiled ones
+    md = (tmp_path / "kernel_roofline_parallel_h100_model.md").read_text()
+    assert "LT_attention_parallel kernels on the H100: a roofline MODEL" in md
+    assert "not a measurement" in md and "assumed" in md
+    with open(tmp_path / "kernel_roofline_parallel_h100_model.csv") as f:
+        rows = list(csv.DictReader(f))
+    total = {}
+    for row in rows:
+        if row["T"] == "4096":
+            total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
+    assert total["tiled"] < total["blocked"], total
 
 
 @pytest.mark.skipif(kernels.on_gpu(), reason="checks the CPU error")
