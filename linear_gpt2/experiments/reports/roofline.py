@@ -326,19 +326,22 @@ def parallel_totals(model: Raw, *, D: str = "64", T: str = "4096,16384,131072,52
     plain = [rows[t]["blocked_plain_us"] / rows[t]["tiled_plain_us"] for t in wanted]
     old_picked = [t for t, r in sorted(rows.items()) if r["auto"].startswith("pallas_blocked")]
     cross = {t: rows[t]["crossover_l2_tb_per_s"] for t in wanted}
-    bounded = [f"{_k(t)}: above {c:.0f} TB/s" for t, c in cross.items() if c is not None]
+    bounded = [f"{c:.0f} TB/s ({_k(t)})" for t, c in cross.items() if c is not None]
     return (
         f"at D = {D}, c = {s['c']}, with the L2 at {s['l2_tb_per_s']:.1f} TB/s (assumed), the old "
         f"kernels are bounded at {old}; the tiled ones at {new} us ({min(ratios):.2f}x to "
         f"{max(ratios):.2f}x lower). Without the L2 term the ratios are {min(plain):.2f}x to "
         f"{max(plain):.2f}x"
         + (
-            "; the old kernels' total would be the lower only with an L2 bandwidth "
+            "; the old kernels' total would be the lower only with an L2 bandwidth above "
             + ", ".join(bounded)
             if bounded
             else ""
         )
-        + ". `kernel=pallas` runs the old kernels at "
-        + (", ".join(_k(t) for t in old_picked) if old_picked else "no length")
-        + f" of this table (D = {D}), the tiled ones at every other."
+        + (
+            f". `kernel=pallas` runs the old kernels at {', '.join(_k(t) for t in old_picked)} "
+            f"of this table (D = {D}), the tiled ones at every other length."
+            if old_picked
+            else f". `kernel=pallas` runs the tiled ones at every length of this table (D = {D})."
+        )
     )
