@@ -1,7 +1,9 @@
-"""Per-kernel roofline MODEL of the LT_chunked kernels on the H100: not a measurement.
+"""Per-kernel roofline MODELS of the LT_chunked and LT_attention_parallel kernels on the H100:
+not measurements.
 
-For every kernel of three designs at B=1, H=12, D=64 (the post's timing setting), T = 1k ...
-512k and c = 64, 128, 256, forward + backward in bfloat16:
+**LT_chunked** (``kernel_roofline_h100_model.*``). For every kernel of three designs at B=1,
+H=12, D=64 (the post's timing setting), T = 1k ... 512k and c = 64, 128, 256, forward + backward
+in bfloat16:
 
 - ``old``: the single-pass kernels as they were before the chunk-parallel rewrite (grid (B, H),
   one [c, c] score tile per chunk, one backward kernel with both loops);
@@ -18,11 +20,18 @@ no longer in the tree). ``kernel=pallas`` picks the design with the lower modell
 ``auto`` column. A second section prices the alternatives behind the block sizes chosen in
 ``kernels/lt_chunked/plan.py`` (docs/design.md quotes it).
 
+**LT_attention_parallel** (``kernel_roofline_parallel_h100_model.*``): its old flash-style
+kernels against the tiled ones, D = 64 and 128, with compiled resources and the alternatives
+behind the tiled design; the model and its files in ``roofline_parallel.py`` beside this script.
+
     python benchmarks/roofline.py              # compiles (registers, shared memory): minutes
-    python benchmarks/roofline.py --no-compile # the model alone, seconds
+    python benchmarks/roofline.py --no-compile # the models alone
+    python benchmarks/roofline.py --op LT_attention_parallel   # one op's files only
     python benchmarks/roofline.py --tiny       # two lengths, one chunk size, no compile (tests)
 
-Writes ``kernel_roofline_h100_model.{csv,md}`` under ``--out`` (default benchmarks/results/).
+Writes ``kernel_roofline_h100_model.{json,csv,md}`` and
+``kernel_roofline_parallel_h100_model.{json,csv,md}`` under ``--out`` (default
+benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ from linear_gpt2.platform import kernel_report  # noqa: E402
 
 if __name__ == "__main__":
     kernel_report.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
+
+import roofline_parallel  # noqa: E402  (benchmarks/, beside this script)
 
 from linear_gpt2.kernels.lt_chunked import cost, plan  # noqa: E402
 from linear_gpt2.platform.provenance import environment  # noqa: E402
@@ -232,14 +243,7 @@ def write(out: Path, rows, model: dict) -> tuple[Path, Path, Path]:
     return csv_path, json_path, md
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    p.add_argument("--no-compile", action="store_true", help="the model alone, no resources")
-    p.add_argument("--tiny", action="store_true", help="T = 1k, 4k; c = 64; no compile")
-    args = p.parse_args(argv)
-    Ts, Cs = ((1024, 4096), (64,)) if args.tiny else (TS, CS)
-    compiled = not (args.tiny or args.no_compile)
+def main_chunked(args, Ts, Cs, compiled: bool):
     resources = {}
     if compiled:
         for c in Cs:
@@ -248,9 +252,29 @@ def main(argv=None) -> int:
     rows, summary = model_rows(Ts, Cs, resources)
     picks = [] if args.tiny else choices()
     model = model_json(summary, picks, environment(), resources, compiled)
-    paths = write(args.out, rows, model)
-    print(paths[2].read_text())
-    print("wrote " + ", ".join(str(x) for x in paths))
+    return write(args.out, rows, model)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--no-compile", action="store_true", help="the models alone, no resources")
+    p.add_argument("--tiny", action="store_true", help="T = 1k, 4k; c = 64; no compile")
+    p.add_argument(
+        "--op", choices=("all", "LT_chunked", "LT_attention_parallel"), default="all",
+        help="which op's files to write",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    Ts, Cs = ((1024, 4096), (64,)) if args.tiny else (TS, CS)
+    compiled = not (args.tiny or args.no_compile)
+    written = []
+    if args.op in ("all", "LT_chunked"):
+        written += main_chunked(args, Ts, Cs, compiled)
+    if args.op in ("all", "LT_attention_parallel"):
+        written += roofline_parallel.main_parallel(args, Ts, compiled)
+    for md in written[2::3]:
+        print(md.read_text())
+    print("wrote " + ", ".join(str(x) for x in written))
     return 0
 
 

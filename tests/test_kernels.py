@@ -9,7 +9,10 @@ skips them on CPU.
 ``LT_chunked`` has two designs (``pallas_chunk``: chunk-parallel; ``pallas_fused_chunk``: single
 pass); both are checked everywhere, including the sequence split into segments, the gradient
 kernels split apart, T padded to a multiple of c, D padded, D = 128, c = 16 ... 256, and an
-initial state (with the final state returned, all differentiated).
+initial state (with the final state returned, all differentiated). ``LT_attention_parallel`` has
+two too (``pallas_tiled``: resident blocks, longest first, atomic dq; ``pallas_blocked``: the
+first design), both against its oracle and the float64 formula, the tiled one at both of its
+tilings, T padded to its resident blocks, and forward and backward tiles of different sizes.
 
 Tolerances: float32 <= 1e-4 relative (measured ~1e-7 for outputs, <= 5e-7 for gradients, with
 ``default_matmul_precision("highest")``); bfloat16 inputs against the float32 oracle on the
@@ -33,6 +36,10 @@ import pytest
 from linear_gpt2 import attention, kernels
 from linear_gpt2.attention import linear, lt_attention_parallel, lt_chunked
 from linear_gpt2.kernels.lt_attention_parallel import blocked as parallel_kernels
+from linear_gpt2.kernels.lt_attention_parallel import cost as parallel_cost
+from linear_gpt2.kernels.lt_attention_parallel import ops as parallel_ops
+from linear_gpt2.kernels.lt_attention_parallel import plan as parallel_plan
+from linear_gpt2.kernels.lt_attention_parallel import tiled as parallel_tiled
 from linear_gpt2.kernels.lt_chunked import cost, naive, plan, triton_fused
 from linear_gpt2.kernels.lt_chunked import ops as chunked_kernels
 from tests.helpers import rel_err
@@ -68,6 +75,7 @@ KERNELS = {
         parallel_kernels.blocked_attention,
         lt_attention_parallel.blocked_linear_attention,
     ),
+    "parallel_tiled": (parallel_tiled.attention, lt_attention_parallel.blocked_linear_attention),
 }
 CHUNKED = ("chunk", "fused_chunk")
 
@@ -126,6 +134,49 @@ def test_float32_matches_oracle(kernel, shape, c, feature_map):
 def test_chunked_float32_padding_long_chunks_and_d128(kernel, shape, c, feature_map):
     errs = compare(kernel, shape, c, feature_map)
     assert max(errs) <= F32_TOL, f"{kernel} {shape} c={c}: errors (y, dq, dk, dv) {errs}"
+
+
+def _tiling(which: str):
+    """The tiled kernel at one of its two tilings (``plan.candidates``: resident blocks of two
+    key tiles, or of one)."""
+
+    def fn(fq, fk, v, c, eps):
+        D = kernels.padded_head_dim(fq.shape[-1])
+        tilings = parallel_plan.candidates(c, D)
+        return parallel_tiled.attention(fq, fk, v, c, eps, tilings[0 if which == "2" else -1])
+
+    return fn
+
+
+# LT_attention_parallel's tiled kernel: T padded to its resident blocks inside (200 -> 256,
+# 40 -> 64), key tiles of 64 and query tiles of 32 (the forward's and the backward's blocks
+# differ), D = 128 (a 64-row resident key block beside a 128-row query block), resident blocks
+# of one tile, and c capping the tiles.
+TILED_CASES = [
+    ((1, 200, 2, 16), 64, "2"),
+    ((1, 200, 2, 16), 64, "1"),
+    ((2, 40, 2, 24), 16, "2"),
+    ((1, 128, 1, 128), 64, "2"),
+    ((1, 96, 2, 40), 32, "1"),
+]
+
+
+@pytest.mark.parametrize("shape, c, tiling", TILED_CASES, ids=str)
+def test_parallel_tiled_tilings_and_padding_match_float64_reference(shape, c, tiling):
+    """The tiled kernel at a forced tiling, on features, against the float64 formula: values
+    and the gradients with respect to q, k, v (through phi)."""
+    q, k, v, dy = inputs(shape, seed=4)
+    fused = _tiling(tiling)
+
+    def fn(q, k, v):
+        fq, fk = linear.features(q, k, "softplus")
+        return fused(fq, fk, v, c, EPS)
+
+    y, grads = value_and_grads(fn, q, k, v, dy)
+    args = [np.asarray(x, np.float64) for x in (q, k, v)]
+    assert rel_err(y, reference(*args, "softplus")) <= F32_TOL
+    for label, g, r in zip("qkv", grads, reference_vjp(q, k, v, dy, "softplus")):
+        assert rel_err(g, r) <= F32_TOL, label
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -288,6 +339,9 @@ def test_normaliser_cancels_the_numerator_for_constant_values(kernel):
         ("LT_chunked", 64, 16, "pallas_fused_chunk"),
         ("LT_attention_parallel", 37, 16, "pallas"),  # T padded to 48 around the kernel
         ("LT_attention_parallel", 20, 64, "pallas"),  # block capped at 32 >= T
+        ("LT_attention_parallel", 37, 16, "pallas_tiled"),  # and to 64 inside it
+        ("LT_attention_parallel", 150, 64, "pallas_tiled"),  # 192 -> 256; 64- and 32-row tiles
+        ("LT_attention_parallel", 37, 16, "pallas_blocked"),
     ],
 )
 def test_registry_pallas_matches_float64_reference(name, t, chunk_size, kernel):
@@ -307,7 +361,8 @@ def test_zero_features_and_zero_eps_stay_finite():
     for name, kernel in (
         ("LT_chunked", "pallas_chunk"),
         ("LT_chunked", "pallas_fused_chunk"),
-        ("LT_attention_parallel", "pallas"),
+        ("LT_attention_parallel", "pallas_blocked"),
+        ("LT_attention_parallel", "pallas_tiled"),
     ):
         fn = attention.get(name, kernel=kernel, chunk_size=16, feature_map="relu", eps=0.0)
         y, grads = value_and_grads(fn, q, q, jnp.ones_like(q), jnp.ones_like(q))
@@ -342,8 +397,12 @@ def test_kernel_options_and_errors():
             attention.get(name, kernel="pallas", chunk_size=24)
         with pytest.raises(ValueError, match="int >= 1 or 'auto'"):
             attention.get(name, chunk_size="fast")
-    with pytest.raises(NotImplementedError, match="valid kernels: auto, xla, pallas$"):
+    with pytest.raises(
+        NotImplementedError, match="valid kernels: auto, xla, pallas, pallas_tiled, pallas_blocked$"
+    ):
         attention.get("LT_attention_parallel", kernel="pallas_chunk")
+    with pytest.raises(ValueError, match="kernel=pallas_tiled: chunk_size=24 must be a power"):
+        attention.get("LT_attention_parallel", kernel="pallas_tiled", chunk_size=24)
     with pytest.raises(
         NotImplementedError,
         match="valid kernels: auto, xla, pallas, pallas_chunk, pallas_fused_chunk, triton$",
@@ -359,8 +418,9 @@ def test_unsupported_head_dim_is_one_line_up_front():
     for kernel in DESIGNS:
         with pytest.raises(ValueError, match=r"head dim 160 \(padded to 256\).*use kernel=xla"):
             attention.get("LT_chunked", kernel=kernel, chunk_size=16)(x, x, x)
-    with pytest.raises(ValueError, match="head dim 160"):
-        attention.get("LT_attention_parallel", kernel="pallas", chunk_size=16)(x, x, x)
+    for kernel in ("pallas", "pallas_tiled", "pallas_blocked"):
+        with pytest.raises(ValueError, match="head dim 160"):
+            attention.get("LT_attention_parallel", kernel=kernel, chunk_size=16)(x, x, x)
 
 
 def test_pallas_chooses_by_shape_and_logs_once(caplog):
@@ -391,6 +451,58 @@ def test_cost_model_choices():
         assert all(k.programs >= plan.SMS for k in ks if not k.name.startswith("xla")), T
 
 
+def test_parallel_cost_model_choices():
+    """LT_attention_parallel's model (issue 30): at batch 1, 12 heads, D = 64 and 128 the tiled
+    kernels' modelled forward + backward is below the old kernels' at every T >= 4k (to 64k here;
+    to 512k on the roofline page), every one of their kernels launches >= 132 programs from 16k,
+    and kernel=pallas picks them; with the L2 term left out (unbounded L2) they are still below
+    from 8k on."""
+    s = 2
+    for D in (64, 128):
+        old_tile = parallel_cost.blocked_tile(64, D)
+        for T in (4096, 8192, 16384, 65536):
+            choice = parallel_cost.choose(1, T, 12, D, 64, s)
+            old = choice.seconds[parallel_cost.BLOCKED]
+            tiled = min(v for k, v in choice.seconds.items() if k != parallel_cost.BLOCKED)
+            assert tiled < old, (D, T, choice.seconds)
+            assert choice.kernel == parallel_cost.TILED and choice.tiles is not None, (D, T)
+            if T < 8192:
+                continue
+            ks = parallel_cost.tiled_kernels(1, T, 12, D, s, choice.tiles, True)
+            ko = parallel_cost.blocked_kernels(1, T, 12, D, s, old_tile, True)
+            plain = [parallel_cost.design_seconds(k, plain=True) for k in (ks, ko)]
+            assert plain[0] < plain[1], (D, T, plain)
+            if T >= 16384:
+                assert all(k.programs >= plan.SMS for k in ks if not k.name.startswith("xla"))
+    # The tiled kernels launch every block for all heads before the next, longest first: the
+    # SMs stay busy where the old grid (shortest first, heads in turn) leaves a tail.
+    t = parallel_plan.largest(64, 64)
+    longest = parallel_cost.tiled_kernels(1, 16384, 12, 64, s, t, False)[0]
+    in_order = parallel_cost.tiled_kernels(1, 16384, 12, 64, s, t, False, order="in order")[0]
+    assert longest.busy > 0.99 and longest.seconds < 0.95 * in_order.seconds
+
+
+def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
+    parallel_ops._LOGGED.clear()
+    kernels.new_choices()
+    with caplog.at_level(logging.INFO, logger="linear_gpt2.kernels.lt_attention_parallel"):
+        for _ in range(2):
+            assert parallel_ops.design("pallas", 1, 16384, 12, 64, 64, jnp.bfloat16) == (
+                "pallas_tiled"
+            )
+        assert parallel_ops.design("pallas_blocked", 1, 16384, 12, 64, 64, "bfloat16") == (
+            "pallas_blocked"
+        )
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "T=16384" in lines[0] and "pallas_tiled bq=128" in lines[0], lines
+    assert kernels.new_choices() == lines
+    spec = attention.spec("LT_attention_parallel")
+    assert spec.kernel_design((1, 16384, 12, 64), "bfloat16", {"kernel": "pallas"}) == (
+        "pallas_tiled"
+    )
+    assert spec.kernel_design((1, 1024, 12, 64), "bfloat16", {"kernel": "auto"}) == "xla"
+
+
 def test_roofline_model_tiny(tmp_path):
     """benchmarks/roofline.py --tiny: the model alone (no compile), written as CSV and markdown
     labelled as a model; at T = 4k the chunk-parallel bound is below the old single pass's."""
@@ -409,6 +521,17 @@ def test_roofline_model_tiny(tmp_path):
         if row["T"] == "4096":
             total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
     assert total["chunk"] < total["old"] / 2, total
+    # LT_attention_parallel's page: the old kernels against the tiled ones
+    md = (tmp_path / "kernel_roofline_parallel_h100_model.md").read_text()
+    assert "LT_attention_parallel kernels on the H100: a roofline MODEL" in md
+    assert "not a measurement" in md and "assumed" in md
+    with open(tmp_path / "kernel_roofline_parallel_h100_model.csv") as f:
+        rows = list(csv.DictReader(f))
+    total = {}
+    for row in rows:
+        if row["T"] == "4096":
+            total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
+    assert total["tiled"] < total["blocked"], total
 
 
 @pytest.mark.skipif(kernels.on_gpu(), reason="checks the CPU error")

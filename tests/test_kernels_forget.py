@@ -11,10 +11,13 @@ at position 0, none in a row (a document longer than the row); T odd (padded), D
 chunk at c = 128); the gradient kernels in one, two or three (three: the plan's with
 forgetting); the sequence split into 1, 2 and 4 segments (the decayed segment prefix).
 
-``LT_attention_parallel``'s flash-style kernel pair with forgetting (``kernel=pallas``) against
-the same recurrence: resets at a block's first and last position, several in one block, none in
-a row, decay none / fixed / gate, phi softplus and elu1, T odd, D = 24 (padded), 16-row and
-32-row blocks, float32 and bfloat16.
+``LT_attention_parallel``'s kernels with forgetting, both designs (``pallas_tiled``: resident
+blocks of two tiles, the backward's blocks of the log-gate sums its query tiles; and
+``pallas_blocked``, the first design), against the same recurrence: resets at a block's first
+and last position, several in one block, none in a row, decay none / fixed / gate, phi softplus
+and elu1, T odd, D = 24 (padded) and 128, 16-row and 32-row blocks, 64-row key tiles beside
+32-row query tiles, float32 and bfloat16; and a long strong decay that a float32 cumulative
+log-gate loses.
 
 Tolerances as tests/test_kernels.py: float32 1e-5 for outputs and 1e-4 for gradients
 (measured <= 1e-6); bfloat16 against the float32 oracle on the same rounded inputs 1e-2 / 2e-2.
@@ -287,22 +290,34 @@ PARALLEL_CASES = [  # shape, c, resets in row 0 (None: no resets input), decay, 
     ((2, 61, 2, 24), 16, (0, 16, 31, 47), "none", "softplus", "float32"),  # resets only
     ((1, 80, 2, 16), 32, None, "gate", "elu1", "float32"),  # gates only; 32-row blocks
     ((2, 48, 2, 16), 16, (15, 16, 20), "gate", "softplus", "bfloat16"),
+    # c = 64: the tiled forward's key tiles of 64 rows in 128-row query blocks, its backward's
+    # query tiles of 32 in 128-row key blocks (T padded 150 -> 256); resets at both kinds of
+    # block boundary
+    ((1, 150, 1, 16), 64, (0, 31, 32, 63, 64, 100, 127, 128), "gate", "softplus", "float32"),
+    # D = 128: the tiled backward's 64-row key blocks beside 128-row query blocks (T 100 -> 128)
+    ((1, 100, 1, 128), 64, (0, 33, 64, 65), "gate", "elu1", "float32"),
 ]
+# The Pallas forward kernel each design launches (its name in the jaxpr).
+PARALLEL_FORWARD = {
+    "pallas_tiled": "lt_attention_parallel_tiled_fwd",
+    "pallas_blocked": "lt_attention_parallel_forward",
+}
 
 
+@pytest.mark.parametrize("kernel", list(PARALLEL_FORWARD))
 @pytest.mark.parametrize("shape, c, resets_at, decay, feature_map, dtype", PARALLEL_CASES, ids=str)
 def test_parallel_kernel_equals_the_float64_recurrence(
-    shape, c, resets_at, decay, feature_map, dtype
+    shape, c, resets_at, decay, feature_map, dtype, kernel
 ):
-    """``LT_attention_parallel`` ``kernel=pallas`` with resets and gates runs its Pallas kernel
-    pair (no fallback warning, no XLA path) and equals the recurrence: values and gradients with
-    respect to q, k, v and the log-gates."""
+    """``LT_attention_parallel`` with resets and gates runs each design's Pallas kernel pair (no
+    fallback warning, no XLA path) and equals the recurrence: values and gradients with respect
+    to q, k, v and the log-gates."""
     import warnings
 
     dtype = jnp.dtype(dtype)
     q, k, v, dy, log_gate, resets = make(shape, resets_at or (), decay, dtype=dtype)
     fn = attention.get(
-        "LT_attention_parallel", feature_map=feature_map, chunk_size=c, kernel="pallas", eps=EPS
+        "LT_attention_parallel", feature_map=feature_map, chunk_size=c, kernel=kernel, eps=EPS
     )
     r = None if resets_at is None else jnp.asarray(resets)
 
@@ -318,7 +333,7 @@ def test_parallel_kernel_equals_the_float64_recurrence(
         warnings.simplefilter("error")
         jaxpr = str(jax.make_jaxpr(fwd)(*args))
         y, vjp = fwd(*args)
-    assert "lt_attention_parallel_forward" in jaxpr, "the Pallas forward kernel"
+    assert PARALLEL_FORWARD[kernel] in jaxpr, "the Pallas forward kernel"
     grads = vjp(jnp.asarray(dy))
     g64 = np.zeros(shape[:3], np.float32) if log_gate is None else log_gate
     ref, ref_grads = reference_grads(q, k, v, g64, resets, dy, feature_map)
@@ -328,12 +343,12 @@ def test_parallel_kernel_equals_the_float64_recurrence(
         assert rel_err(np.asarray(g, np.float32), r64) <= gtol, (label, rel_err(g, r64))
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas"])
+@pytest.mark.parametrize("kernel", ["xla", "pallas_tiled", "pallas_blocked"])
 def test_parallel_forms_keep_precision_after_a_long_strong_decay(kernel):
     """A row whose first 96 positions decay by log gamma = -1e4 each (|L| reaches ~1e6, as
     gamma = 0.3 does over a million tokens), then gamma = e^-0.05: a float32 L cumulated over the
     whole row loses L_i - L_j (measured before the block-local form: output error 4.6e-3,
-    gradients 2e-2); with block-local log-gates both forms stay at float32 rounding."""
+    gradients 2e-2); with block-local log-gates every form stays at float32 rounding."""
     B, T, H, D, c = 1, 256, 1, 16, 16
     q, k, v, dy, _, resets = make((B, T, H, D), ())
     log_gate = np.full((B, T, H), -0.05, np.float32)

@@ -135,17 +135,24 @@ def _names(report, prefix: str) -> set[str]:
     return {re.sub(r"__\d+$", "", k.name).removeprefix(prefix) for k in report.kernels}
 
 
+# LT_attention_parallel: the kernels of each design (named by kernel=).
+PARALLEL_KERNELS = {
+    "pallas_tiled": {"tiled_fwd", "tiled_bwd"},
+    "pallas_blocked": {"forward", "backward"},
+}
+
+
 @pytest.mark.parametrize("c", [64, 128])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("kernel", ["pallas_chunk", "pallas_fused_chunk", "parallel"])
+@pytest.mark.parametrize("kernel", ["pallas_chunk", "pallas_fused_chunk", *PARALLEL_KERNELS])
 def test_every_pallas_kernel_compiles_without_spills(kernel, D, c):
-    if kernel == "parallel":
+    if kernel in PARALLEL_KERNELS:
         name, options, prefix = (
             "LT_attention_parallel",
-            dict(kernel="pallas"),
+            dict(kernel=kernel),
             "lt_attention_parallel_",
         )
-        expected = {"forward", "backward"}
+        expected = PARALLEL_KERNELS[kernel]
     else:
         name, options, prefix = "LT_chunked", dict(kernel=kernel), "lt_chunked_"
         expected = KERNEL_SETS[(kernel, D)]
@@ -176,17 +183,72 @@ def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D, 
 
 @pytest.mark.parametrize("c", [64, 128])
 @pytest.mark.parametrize("D", [64, 128])
-def test_parallel_kernels_with_resets_and_gates_compile_without_spills(D, c):
-    """``LT_attention_parallel`` ``kernel=pallas`` with resets and decay gates: its own kernel
-    pair (the pair weights built per tile, d(log_gate) from the backward), no XLA fallback,
-    without spills and within shared memory (compiled: forward 128 / 121 registers, backward
-    255 / 174 at D = 64 / 128)."""
+@pytest.mark.parametrize("kernel", list(PARALLEL_KERNELS))
+def test_parallel_kernels_with_resets_and_gates_compile_without_spills(kernel, D, c):
+    """``LT_attention_parallel`` with resets and decay gates, each design: its own kernel pair
+    (the pair weights built per tile, d(log_gate) from the backward), no XLA fallback, without
+    spills and within shared memory (registers and shared memory per kernel:
+    benchmarks/results/kernel_roofline_parallel_h100_model.md)."""
     r = compile_step.compile_attention(
         "LT_attention_parallel", (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True,
-        chunk_size=c, kernel="pallas", resets=True, log_gate=True,
+        chunk_size=c, kernel=kernel, resets=True, log_gate=True,
     )  # fmt: skip
-    assert _names(r, "lt_attention_parallel_") == {"forward", "backward"}
+    assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS[kernel]
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+
+
+@SLOW
+@pytest.mark.parametrize("forget", [False, True], ids=["plain", "forget"])
+@pytest.mark.parametrize(
+    "D, c", [(16, 16), (16, 64), (32, 32), (32, 64), (64, 16), (64, 32), (128, 32)]
+)
+def test_parallel_tiled_kernels_at_every_tiling_compile_without_spills(D, c, forget):
+    """The tiled kernels at both tilings (``plan.candidates``) of small head dims and of tiles
+    capped by a small block size, with and without resets and gates: within the registers too
+    (at D <= 32 the backward's resident key block is 32 rows: 64 spilled)."""
+    from linear_gpt2.kernels.lt_attention_parallel import plan
+
+    for tiles in plan.candidates(c, D):
+        with _tiles(tiles):
+            r = compile_step.compile_attention(
+                "LT_attention_parallel", (1, 1024, 12, D), "bfloat16", "h100",
+                fail_on_spill=True, chunk_size=c, kernel="pallas_tiled", resets=forget,
+                log_gate=forget,
+            )  # fmt: skip
+        assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS["pallas_tiled"], tiles
+        assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+
+
+def _tiles(tiles):
+    """Force the tiled kernels' tiling (the cost model's choice otherwise)."""
+    from unittest import mock
+
+    from linear_gpt2.kernels.lt_attention_parallel import cost, ops
+
+    def choose(kernel, B, T, H, D, c, itemsize):
+        return cost.Choice(cost.TILED, tiles, "forced by the test", {})
+
+    return mock.patch.object(ops, "_choose", choose)
+
+
+@pytest.mark.parametrize("T", [16384, 131072])
+@pytest.mark.parametrize("D, H", [(64, 12), (128, 16)])
+def test_parallel_tiled_kernels_fill_the_h100_at_batch_1(D, H, T):
+    """Issue 30: B = 1 from T = 16k, D = 64 with 12 heads (the post's timing setting) and
+    D = 128 with 16: ``LT_attention_parallel`` ``kernel=pallas`` picks the tiled kernels, both
+    launch >= 132 programs (one per resident block and head), compiled without spills."""
+    from linear_gpt2.kernels.lt_attention_parallel import plan
+
+    r = compile_step.compile_attention(
+        "LT_attention_parallel", (1, T, H, D), "bfloat16", "h100", fail_on_spill=True,
+        chunk_size=64, kernel="pallas",
+    )  # fmt: skip
+    programs = {re.sub(r"__\d+$", "", k.name): k.programs for k in r.kernels}
+    assert set(programs) == {f"lt_attention_parallel_{k}" for k in PARALLEL_KERNELS["pallas_tiled"]}
+    assert min(programs.values()) >= H100.device["core_count"], programs
+    t = plan.largest(64, D)
+    assert programs["lt_attention_parallel_tiled_fwd"] == T // t.bq * H
+    assert programs["lt_attention_parallel_tiled_bwd"] == T // t.bk * H
 
 
 @pytest.mark.parametrize("T", [16384, 131072])

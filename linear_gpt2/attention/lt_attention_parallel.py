@@ -4,14 +4,17 @@ The post uses a Triton flash kernel here. With block size c (the ``chunk_size`` 
 query block sums over the key blocks before it with running numerator and denominator, so the
 [T, T] scores never exist: O(T^2 D) FLOPs, O(T c) extra memory per head. ``kernel=xla`` is the
 blocked form in pure JAX with a hand-written backward
-(``linear_gpt2.kernels.lt_attention_parallel.naive``, the oracle); ``kernel=pallas`` the
-flash-style Pallas kernel (``...lt_attention_parallel.blocked``); with document resets and decay
-gates both weigh each pair by exp(L_i - L_j) within a document, from block-local log-gate sums.
+(``linear_gpt2.kernels.lt_attention_parallel.naive``, the oracle); the Pallas kernels
+(``linear_gpt2.kernels.lt_attention_parallel``) are ``pallas_tiled`` (resident 128-row blocks,
+longest first, one backward kernel), ``pallas_blocked`` (the first design) and ``pallas``, which
+chooses between them by shape with the roofline model; with document resets and decay gates
+every form weighs each pair by exp(L_i - L_j) within a document, from block-local log-gate sums.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +22,7 @@ import jax.numpy as jnp
 from linear_gpt2 import kernels
 from linear_gpt2.attention import autotune, linear
 from linear_gpt2.attention.spec import AttentionSpec, quadratic_flops
+from linear_gpt2.kernels.lt_attention_parallel import NAMES
 from linear_gpt2.kernels.lt_attention_parallel.naive import (
     blocked_forget_attention,
     blocked_linear_attention,
@@ -27,25 +31,29 @@ from linear_gpt2.kernels.lt_attention_parallel.naive import (
 F32 = jnp.float32
 
 
-def _pallas(fq, fk, v, c: int, eps: float) -> jax.Array:
-    # Pallas is imported when the kernel is picked: kernel=xla never imports it.
-    from linear_gpt2.kernels.lt_attention_parallel import blocked
+def _pallas(kernel: str):
+    """The (plain, with forgetting) implementations of a Pallas kernel name; Pallas is imported
+    when the kernel is called: kernel=xla never imports it."""
 
-    return blocked.blocked_attention(fq, fk, v, c, eps)
+    def plain(fq, fk, v, c: int, eps: float) -> jax.Array:
+        from linear_gpt2.kernels.lt_attention_parallel import ops
 
+        return ops.attention(fq, fk, v, c, eps, kernel)
 
-def _pallas_forget(fq, fk, v, log_gate, seg, c: int, eps: float) -> jax.Array:
-    from linear_gpt2.kernels.lt_attention_parallel import blocked
+    def forgetting(fq, fk, v, log_gate, seg, c: int, eps: float) -> jax.Array:
+        from linear_gpt2.kernels.lt_attention_parallel import ops
 
-    return blocked.blocked_forget_attention(fq, fk, v, log_gate, seg, c, eps)
+        return ops.forget_attention(fq, fk, v, log_gate, seg, c, eps, kernel)
+
+    return plain, forgetting
 
 
 # kernel name -> (plain, with forgetting) implementations of the oracle's interfaces (``auto``
 # is pallas on a GPU when the block size suits it, xla otherwise; see ``linear_gpt2.kernels``).
-# The fused kernel needs a power-of-two block size >= 16.
+# The fused kernels need a power-of-two block size >= 16.
 IMPLEMENTATIONS: dict[str, tuple[Callable[..., jax.Array], Callable[..., jax.Array]]] = {
     "xla": (blocked_linear_attention, blocked_forget_attention),
-    "pallas": (_pallas, _pallas_forget),
+    **{name: _pallas(name) for name in NAMES},
 }
 KERNELS = ("auto", *IMPLEMENTATIONS)
 
@@ -61,8 +69,8 @@ def _block_size(kernel: str, chunk_size: int, T: int) -> int:
 def _check(options) -> None:
     chunk_size, kernel = options.get("chunk_size", 64), options.get("kernel", "auto")
     kernels.check_chunk_option(chunk_size, "LT_attention_parallel")
-    if kernel == "pallas" and chunk_size != "auto":
-        kernels.check_block_size(chunk_size, "LT_attention_parallel kernel=pallas: chunk_size")
+    if kernel in NAMES and chunk_size != "auto":
+        kernels.check_block_size(chunk_size, f"LT_attention_parallel kernel={kernel}: chunk_size")
 
 
 def make(
@@ -72,8 +80,8 @@ def make(
     eps: float = 1e-6,
 ):
     """``fn(q, k, v) -> y``. ``chunk_size`` is the block size (any int >= 1 for xla, a power of
-    two >= 16 for pallas), or ``"auto"``: chosen at trace time from the concrete shape by
-    ``linear_gpt2.attention.autotune.best_chunk_size``."""
+    two >= 16 for the Pallas kernels, where it caps their tiles), or ``"auto"``: chosen at trace
+    time from the concrete shape by ``linear_gpt2.attention.autotune.best_chunk_size``."""
     phi = linear.check_feature_map(feature_map)
     kernels.check_kernel(kernel, "LT_attention_parallel", KERNELS)
     _check(dict(chunk_size=chunk_size, kernel=kernel))
@@ -120,6 +128,25 @@ def make(
     return fn
 
 
+def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
+    """What ``kernel`` runs at ``shape`` = (B, T, H, D) for the platform traced for: ``xla`` or
+    the Pallas design (``kernel=pallas`` chooses by shape with the cost model)."""
+    kernel = options.get("kernel", "auto")
+    c = options.get("chunk_size", 64)
+    if kernel == "auto":
+        kernel = "pallas" if kernels.on_gpu() else "xla"
+    if kernel not in NAMES or c == "auto":
+        return kernel
+    B, T, H, D = shape
+    c = _block_size(kernel, int(c), T)
+    if kernels.block_size_problem(c) or kernels.head_dim_problem(D):
+        return kernel  # the kernel would refuse this shape (recorded as an error)
+    from linear_gpt2.kernels.lt_attention_parallel import ops  # the model: no Pallas import
+
+    Tp = -(-T // c) * c
+    return ops.design(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype)
+
+
 SPEC = AttentionSpec(
     name="LT_attention_parallel",
     family="linear",
@@ -132,5 +159,6 @@ SPEC = AttentionSpec(
     decay=True,
     check=_check,
     stats=linear.layer_stats,
+    kernel_design=_kernel_design,
     description="the attention form blocked flash-style: running sums, no T x T matrix",
 )

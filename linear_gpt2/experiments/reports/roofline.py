@@ -192,3 +192,156 @@ def resources(model: Raw, kernels: Raw, *, c: str = "64", T: str = "16384,131072
     if progs:
         lines.append(f"Programs launched at B = {s['B']}, H = {s['H']} " + "; ".join(progs) + ".")
     return " ".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# LT_attention_parallel: kernel_roofline_parallel_h100_model.{json,csv}
+
+
+def _l2(x: float | None) -> str:
+    return "any" if x is None else f"{x:.1f} TB/s"
+
+
+@renderer("roofline.parallel_page")
+def parallel_page(model: Raw, kernels: Raw) -> str:
+    d, rows = model.data, kernels.data
+    s, prov = d["meta"]["settings"], provenance(d)
+    compiled = s.get("compiled", True)
+    lines = [
+        "# LT_attention_parallel kernels on the H100: a roofline MODEL",
+        "",
+        ("**A model, not a measurement.**" if prov["how"] == "modelled" else f"**{how(prov)}.**")
+        + " Lower-bound times from each launch's FLOPs, compulsory HBM bytes, operand traffic "
+        "from L2 and programs (`linear_gpt2/kernels/lt_attention_parallel/cost.py`): the largest "
+        f"of the FLOPs at {s['peak_tflops']:g} TFLOP/s (dense bf16), the bytes at "
+        f"{s['peak_tb_per_s']:.2f} TB/s, and the makespan of the programs on the {s['sms']} SMs "
+        "in launch order, each loop step taking the longer of its FLOPs and its tile loads at a "
+        f"{s['sms']}th of the peaks, the L2 at {s['l2_tb_per_s']:.1f} TB/s "
+        f"({s['l2_assumption']}). 'plain' leaves the L2 term out (unbounded L2, the LT_chunked "
+        "page's model). Totals add "
+        f"{s['launch_us']:g} us per launch (assumed), XLA's passes around the kernels included. "
+        + (
+            "Registers, shared memory, spills and programs are compile measurements "
+            f"(deviceless, T={s['compile_T']:,})."
+            if compiled
+            else "Registers and shared memory were not compiled in this run."
+        ),
+        "",
+        f"B={s['B']}, H={s['H']}, block size c={s['c']}, {s['dtype']}, {s['pass']}. jax "
+        f"{prov['jax']}, commit {short(prov['commit'])}. `blocked`: the old kernels (one query "
+        "block per program, launched shortest first; a backward kernel of two loops); `tiled`: "
+        "the new ones (resident blocks, longest first; one backward kernel, dphi(q) by atomic "
+        "adds), at the tiling `kernel=pallas` picks. 'L2 crossover': the L2 bandwidth above "
+        "which the old total would be the lower ('any': the tiled total is lower even with "
+        "unbounded L2).",
+    ]
+    for D in sorted({r["D"] for r in d["summary"]}):
+        at = [r for r in d["summary"] if r["D"] == D]
+        lines += [
+            "",
+            f"## Totals (us) at D={D}: old and tiled kernels",
+            "",
+            table(
+                ["T", "old", "tiled", "old / tiled", "old plain", "tiled plain",
+                 "old / tiled plain", "old min programs", "tiled min programs", "tiled tiles",
+                 "L2 crossover", "auto"],
+                [[f"{r['T']:,}", _us(r["blocked_us"]), _us(r["tiled_us"]),
+                  f"{r['blocked_us'] / r['tiled_us']:.2f}x", _us(r["blocked_plain_us"]),
+                  _us(r["tiled_plain_us"]), f"{r['blocked_plain_us'] / r['tiled_plain_us']:.2f}x",
+                  f"{r['blocked_min_programs']:,}", f"{r['tiled_min_programs']:,}", r["tiles"],
+                  _l2(r["crossover_l2_tb_per_s"]), r["auto"]] for r in at],
+                "rrrrrrrrrlll",
+            ),
+        ]  # fmt: skip
+    res = d["resources"]
+    if res:
+        body = []
+        for design in sorted(res):
+            for D, kinds in sorted(res[design].items(), key=lambda kv: int(kv[0])):
+                for kind, kernels_ in kinds.items():
+                    for name, k in sorted(kernels_.items()):
+                        body.append([design, D, kind, name, f"{k['programs']:,}", k["threads"],
+                                     k["registers"], f"{k['shared_memory']:,}",
+                                     k["spill_stores"]])  # fmt: skip
+        lines += [
+            "",
+            f"## Compiled for the H100 (B={s['B']}, T={s['compile_T']:,}, H={s['H']}, "
+            f"c={s['c']}, {s['dtype']})",
+            "",
+            table(
+                ["design", "D", "inputs", "kernel", "programs", "threads", "registers",
+                 "shared memory (B)", "spill stores (B)"],
+                body,
+                "lrllrrrrr",
+            ),
+        ]  # fmt: skip
+    for T in sorted({r["T"] for r in d["choices"]}):
+        at = [r for r in rows if r["T"] == T and r["D"] == 64]
+        if not at:
+            continue
+        lines += [
+            "",
+            f"## Per launch at T={T:,}, D=64",
+            "",
+            table(
+                ["design", "launch", "programs", "steps", "GFLOP", "HBM MB", "L2 MB",
+                 "FLOP / L2 B", "SMs busy", "bound us", "plain us"],
+                [[r["design"], r["kernel"], f"{r['programs']:,}", f"{r['steps']:,}",
+                  f"{r['flops'] / 1e9:.2f}", f"{r['bytes'] / 1e6:.1f}",
+                  f"{r['l2_bytes'] / 1e6:,.1f}",
+                  "-" if not r["l2_bytes"] else f"{r['intensity']:.0f}",
+                  f"{r['busy']:.2f}", _us(r["bound_us"]), _us(r["plain_bound_us"])]
+                 for r in at],
+                "llrrrrrrrrr",
+            ),
+        ]  # fmt: skip
+    if d["choices"]:
+        lines += [
+            "",
+            "## The tiled design's alternatives priced by the model (D=64, fwd + bwd with "
+            "launches)",
+            "",
+            table(
+                ["T", "choice", "value", "chosen", "bound us", "plain us", "note"],
+                [[f"{p['T']:,}", p["choice"], p["value"], "yes" if p["chosen"] else "",
+                  _us(p["bound_us"]), _us(p["plain_bound_us"]), p["note"]]
+                 for p in d["choices"]],
+                "rlllrrl",
+            ),
+        ]  # fmt: skip
+    return "\n".join(lines)
+
+
+@renderer("roofline.parallel_totals")
+def parallel_totals(model: Raw, *, D: str = "64", T: str = "4096,16384,131072,524288") -> str:
+    """One sentence for docs/attention.md: the old kernels' bound against the tiled ones' at
+    the given lengths, with and without the L2 term, and where the model picks which."""
+    d = model.data
+    s = d["meta"]["settings"]
+    rows = {r["T"]: r for r in d["summary"] if r["D"] == int(D)}
+    wanted = [int(t) for t in T.split(",") if int(t) in rows]
+    old = ", ".join(f"{rows[t]['blocked_us']:,.0f} us ({_k(t)})" for t in wanted)
+    new = ", ".join(f"{rows[t]['tiled_us']:,.0f}" for t in wanted)
+    ratios = [rows[t]["blocked_us"] / rows[t]["tiled_us"] for t in wanted]
+    plain = [rows[t]["blocked_plain_us"] / rows[t]["tiled_plain_us"] for t in wanted]
+    old_picked = [t for t, r in sorted(rows.items()) if r["auto"].startswith("pallas_blocked")]
+    cross = {t: rows[t]["crossover_l2_tb_per_s"] for t in wanted}
+    bounded = [f"{c:.0f} TB/s ({_k(t)})" for t, c in cross.items() if c is not None]
+    return (
+        f"at D = {D}, c = {s['c']}, with the L2 at {s['l2_tb_per_s']:.1f} TB/s (assumed), the old "
+        f"kernels are bounded at {old}; the tiled ones at {new} us ({min(ratios):.2f}x to "
+        f"{max(ratios):.2f}x lower). Without the L2 term the ratios are {min(plain):.2f}x to "
+        f"{max(plain):.2f}x"
+        + (
+            "; the old kernels' total would be the lower only with an L2 bandwidth above "
+            + ", ".join(bounded)
+            if bounded
+            else ""
+        )
+        + (
+            f". `kernel=pallas` runs the old kernels at {', '.join(_k(t) for t in old_picked)} "
+            f"of this table (D = {D}), the tiled ones at every other length."
+            if old_picked
+            else f". `kernel=pallas` runs the tiled ones at every length of this table (D = {D})."
+        )
+    )

@@ -1,15 +1,28 @@
-"""``LT_attention_parallel`` as a Pallas kernel: flash-style tiles with running sums.
+"""``LT_attention_parallel`` as Pallas kernels: the attention form, tiled, with running sums.
 
 ================  =====================================================================
 module            kernel (grid)
 ================  =====================================================================
 ``naive``         the pure-JAX oracle, the XLA path (``kernel=xla``), with its backward
-``blocked``       forward (T/c, B, H): one query block per program, a loop over key blocks;
-                  backward (T/c, B, H): key block j's dphi(k), dv and query block j's dphi(q)
+``tiled``         ``pallas_tiled``: forward (H, B, T/bq), one resident query block per
+                  program, longest first, streaming key tiles; backward (H, B, T/bk), one
+                  resident key block per program streaming query tiles: dphi(k), dv, and
+                  dphi(q) by atomic float32 adds
+``blocked``       ``pallas_blocked``, the first design: forward (T/c, B, H), one query block
+                  per program; backward (T/c, B, H): key block j's dphi(k), dv and query
+                  block j's dphi(q), two loops
+``plan``          the tiled kernels' tiles and warps (:class:`plan.Tiles`)
+``cost``          the roofline model of both designs; ``kernel=pallas`` chooses with it
+``ops``           the choice by shape and the differentiable entry points
 ================  =====================================================================
 
-Interface: ``blocked.blocked_attention`` ``(phi(q), phi(k), v, c, eps) -> y``, differentiable;
-with document resets and decay gates ``blocked.blocked_forget_attention``
-``(phi(q), phi(k), v, log_gate, seg, c, eps) -> y``, differentiable in the log-gates too. This
-``__init__`` imports nothing: the oracle never imports Pallas.
+Interface, every design: ``(phi(q), phi(k), v, c, eps) -> y``, differentiable; with document
+resets and decay gates ``(phi(q), phi(k), v, log_gate, seg, c, eps) -> y``, differentiable in
+the log-gates too (``ops.attention``, ``ops.forget_attention``). This ``__init__`` imports
+nothing: the oracle never imports Pallas.
 """
+
+# The Pallas kernels of LT_attention_parallel: "pallas" chooses by shape between the two designs.
+TILED = "pallas_tiled"
+BLOCKED = "pallas_blocked"
+NAMES = ("pallas", TILED, BLOCKED)

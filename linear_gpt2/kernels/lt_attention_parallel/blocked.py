@@ -1,5 +1,7 @@
-"""``LT_attention_parallel`` as a flash-style Pallas kernel (Triton-lowered on GPU, interpret mode
-elsewhere): tiles of c queries x c keys, running numerator and denominator, no T x T in memory.
+"""``LT_attention_parallel`` as a flash-style Pallas kernel, the first design
+(``kernel=pallas_blocked``; ``tiled.py`` is the second, which ``kernel=pallas`` runs wherever the
+cost model prefers it; Triton-lowered on GPU, interpret mode elsewhere): tiles of c queries x c
+keys, running numerator and denominator, no T x T in memory.
 Here c is the kernel's block, ``tile(c, D)``: the block size asked for, at most 64 rows (32 at
 D = 128), so that the [c, c] and [c, D] tiles compile without spills on the H100.
 
@@ -14,7 +16,8 @@ Same function as :func:`linear_gpt2.kernels.lt_attention_parallel.naive.blocked_
 
 Unlike softmax there is no running maximum: scores are sums of nonnegative products and simply
 add. Skipping the blocks above the diagonal halves the oracle's T^2 D work: the kernel does
-about 2 T^2 D FLOPs per head forward (A and A V, causal half), 5 T^2 D backward.
+about 2 T^2 D FLOPs per head forward (A and A V, causal half), 6 T^2 D backward (six dots per
+tile pair: dA is formed in both loops).
 
 Backward (``custom_vjp``), grid (T/c, B, H) as JAX's Pallas flash attention does: program j
 computes key block j's dphi(K), dV (loop over query blocks i >= j) and query block j's dphi(Q)

@@ -1,0 +1,108 @@
+"""Tile sizes and launch shapes of the ``LT_attention_parallel`` tiled kernels (``tiled.py``).
+
+:class:`Tiles` fixes, for one call, everything static about the launches:
+
+- ``bq``, ``tk``: the forward's resident query block, the rows one program keeps (phi(Q), the
+  running numerator and denominator), and the key tile it streams (phi(K), V) up to the
+  diagonal;
+- ``bk``, ``tq``: the backward's resident key block (phi(K), V and their gradients) and the
+  query tile it streams (phi(Q), g, delta) from the diagonal on;
+- the warps of each kernel.
+
+Each streamed tile is also the block of its kernel's block-local log-gate sums (forgetting). The
+user's block size (``chunk_size``) caps every tile. A resident block of two key tiles (128 rows)
+halves the loads per FLOP of every loop step against one (each loaded tile meets twice the
+rows), the point of the design; 128 rows are the most the registers hold without spilling (the
+backward's: 64 at D = 128, 32 at D <= 32), and its query tile 32 rows (compiled for the H100 in
+tests/test_target.py; registers and shared memory per kernel in
+benchmarks/results/kernel_roofline_parallel_h100_model.md). Which of the two tilings of
+:func:`candidates` runs at a shape is the cost model's choice (``cost.choose``): the smaller one
+where the larger leaves too few programs for the 132 SMs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from linear_gpt2 import kernels
+
+# Rows of a streamed tile at most: the forward's key tiles ([bq, 64] scores, the tensor-core
+# shape) and the backward's query tiles (32: with 64 the backward spills, compiled for the H100).
+MAX_KEY_TILE = 64
+MAX_QUERY_TILE = 32
+# Rows of a resident block at most, per padded head dim: forward (query block), backward (key
+# block). The backward's resident block holds two float32 [bk, D] accumulators besides the
+# [tq, bk] scores and score cotangents: 128 rows compile without spills at D = 64, 64 at
+# D = 128, and at D <= 32 only 32 (Triton's layouts for the narrow dots spilled with 64 or 128,
+# with resets and gates).
+MAX_QUERY_BLOCK = {16: 128, 32: 128, 64: 128, 128: 128}
+MAX_KEY_BLOCK = {16: 32, 32: 32, 64: 128, 128: 64}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """Forward: query blocks of ``bq`` rows, key tiles of ``tk``; backward: key blocks of ``bk``
+    rows, query tiles of ``tq``. Each streamed tile is one block of the block-local log-gate
+    sums of its kernel (forgetting)."""
+
+    bq: int
+    tk: int
+    bk: int
+    tq: int
+
+    @property
+    def pad(self) -> int:
+        """T is padded to a multiple of this: every resident block is whole."""
+        return max(self.bq, self.bk)
+
+    def describe(self) -> str:
+        return f"bq={self.bq} tk={self.tk} bk={self.bk} tq={self.tq}"
+
+
+def candidates(c: int, D: int) -> list[Tiles]:
+    """The tilings the cost model chooses from for block size c (a power of two >= 16: it caps
+    every tile) at padded head dim D: resident blocks of two streamed key tiles or of one,
+    within the registers (``MAX_*``)."""
+    tk, tq = min(c, MAX_KEY_TILE), min(c, MAX_QUERY_TILE)
+    out = []
+    for mult in (2, 1):
+        bq = min(mult * tk, MAX_QUERY_BLOCK[D])
+        bk = max(min(mult * tk, MAX_KEY_BLOCK[D]), tq)
+        t = Tiles(bq=bq, tk=tk, bk=bk, tq=tq)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def largest(c: int, D: int) -> Tiles:
+    """The tiling with the largest resident blocks."""
+    return candidates(c, D)[0]
+
+
+def padded_length(T: int, t: Tiles) -> int:
+    return -(-T // t.pad) * t.pad
+
+
+# num_warps per kernel, by padded head dim (registers compiled with them:
+# benchmarks/results/kernel_roofline_parallel_h100_model.md).
+_WARPS = {
+    "fwd": {16: 4, 32: 4, 64: 8, 128: 8},
+    "bwd": {16: 4, 32: 8, 64: 8, 128: 8},
+}
+
+
+def num_warps(kernel: str, D: int) -> int:
+    return _WARPS[kernel][D]
+
+
+def compiler_params(kernel: str, D: int):
+    # Pallas's Triton backend: imported when a kernel is built, not with the plan.
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.CompilerParams(num_warps=num_warps(kernel, D), num_stages=2)
+
+
+def check(c: int, D: int, what: str) -> None:
+    """The one-line errors of a block size or head dim the kernels cannot take."""
+    kernels.check_block_size(c, f"{what}: chunk_size")
+    kernels.check_head_dim(D, what)
