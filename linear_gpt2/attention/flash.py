@@ -50,8 +50,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from linear_gpt2.attention import softmax as _softmax
+from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
 from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
 from linear_gpt2.platform.device import compiling_for_gpu
 from linear_gpt2.platform.errors import DeviceError
@@ -237,9 +239,45 @@ def make(kernel: str = "auto"):
 
     def flash_attention(q, k, v, *, resets=None) -> jax.Array:
         """q, k, v ``[B, T, H, D]`` -> y; ``resets`` bool ``[B, T]``: documents start there."""
+        if sequence_shards() > 1:
+            _check_context_parallel(kernel)
+            return over_sequence(_gathered, q, k, v, resets)
         return impl(q, k, v, resets).astype(q.dtype)
 
     return flash_attention
+
+
+def _check_context_parallel(kernel: str) -> None:
+    """Under context parallelism only the XLA form exists so far: every device gathers all keys
+    and values and materialises its [T / N, T] scores, which on a GPU is the memory ring
+    attention with fused blocks would avoid. An explicit GPU kernel is refused, ``auto`` warns."""
+    if kernel in ("cudnn", "pallas"):
+        raise NotImplementedError(
+            f"flash kernel={kernel} does not run under context parallelism yet (its form gathers "
+            "every key and value, in XLA); use kernel=xla or kernel=auto, or "
+            "train.context_parallel=1"
+        )
+    if kernel == "auto" and _on_gpu():
+        warnings.warn(
+            "flash under context parallelism: the XLA form (all keys and values gathered, "
+            "[T / N, T] scores per head), not cuDNN",
+            stacklevel=3,
+        )
+
+
+def _gathered(q, k, v, resets=None, log_gate=None) -> jax.Array:
+    """One device's slice of the queries ``[B, T / N, H, D]`` against every key and value,
+    gathered along the sequence axis: causal by global position, within documents."""
+    del log_gate  # softmax attention has no decay
+    axis_len, r = q.shape[1], lax.axis_index(SEQ)
+    K, V = (lax.all_gather(x, SEQ, axis=1, tiled=True) for x in (k, v))
+    q_pos = r * axis_len + jnp.arange(axis_len)
+    mask = jnp.arange(K.shape[1])[None, :] <= q_pos[:, None]  # [T / N, T]
+    if resets is not None:
+        seg = jnp.cumsum(lax.all_gather(resets, SEQ, axis=1, tiled=True).astype(jnp.int32), 1)
+        seg_q = lax.dynamic_slice_in_dim(seg, r * axis_len, axis_len, axis=1)
+        mask = (mask[None] & (seg_q[:, :, None] == seg[:, None, :]))[:, None]  # [B, 1, Tq, T]
+    return _softmax.masked_softmax_attention(q, K, V, mask)
 
 
 def make_decoder(kernel: str = "auto") -> Decoder:
@@ -258,5 +296,6 @@ SPEC = AttentionSpec(
     kernels=KERNELS,
     make_decoder=make_decoder,
     resets=True,
+    context_parallel=True,
     description="fused softmax: cuDNN on GPU, XLA, or JAX's Pallas flash kernel",
 )

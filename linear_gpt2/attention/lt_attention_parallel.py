@@ -122,6 +122,7 @@ def make(
 
 SPEC = AttentionSpec(
     name="LT_attention_parallel",
+    context_parallel=False,
     family="linear",
     make=make,
     flops=quadratic_flops,
