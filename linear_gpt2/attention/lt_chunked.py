@@ -158,10 +158,7 @@ def _context_problem(T: int, options: Mapping[str, Any]) -> str | None:
     if c == "auto" or T % int(c) == 0:
         return None
     divisor = max(d for d in range(1, min(T, int(c)) + 1) if T % d == 0)
-    return (
-        f"chunk_size={c} does not divide data.context={T}; choose a divisor of the context "
-        f"(e.g. {divisor})"
-    )
+    return f"chunk_size={c} does not divide {T} tokens; choose a divisor of {T} (e.g. {divisor})"
 
 
 def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
