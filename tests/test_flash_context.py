@@ -127,7 +127,7 @@ def test_modelled_ring_bytes():
     whole = 2 * 2_097_152 * 12 * 64 * 2
     assert m["kv_whole_sequence"] == whole
     assert m["forward"] == whole * 7 // 8  # (N - 1) / N of K and V
-    assert m["backward"] == whole * 7 // 8 * 3 + whole // 8 * 2
+    assert m["backward"] == whole * 7 // 8 * 3 + whole // 8
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ kernel (``F.scaled_dot_product_attention(dropout_p=...)``); ``jax.nn.dot_product
 and cudnn) and the Pallas kernel have no dropout, so with ``dropout > 0`` the model applies
 nanoGPT's other three dropout sites (embeddings, attention output projection, MLP) and not this one.
 
+Context parallelism (the mesh's ``seq`` axis splits T): ring attention with a fused op per block
+(:mod:`linear_gpt2.attention.flash_context`): ``auto`` and ``cudnn`` take cuDNN blocks on a GPU
+(or a GPU compile target) for bfloat16/float16 without document resets, ``xla`` and ``auto``
+elsewhere take XLA blocks ([T / N, T / N] scores per head and block); ``pallas`` is refused.
+
 Decoding (sampling) uses the KV cache of :func:`linear_gpt2.attention.softmax.make_decoder`:
 one query row per step gains nothing from a fused kernel.
 """

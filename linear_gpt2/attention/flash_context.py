@@ -87,7 +87,9 @@ def xla_fwd(q, k, v, seg_q, seg_k, causal):
     p = jnp.exp(s - m[..., None])
     den = jnp.sum(p, axis=-1)
     lse = jnp.where(den > 0, m + jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
-    o = jnp.einsum("bhqk,bkhd->bqhd", p / jnp.where(den > 0, den, 1.0)[..., None], v.astype(p.dtype))
+    o = jnp.einsum(
+        "bhqk,bkhd->bqhd", p / jnp.where(den > 0, den, 1.0)[..., None], v.astype(p.dtype)
+    )
     return o, lse
 
 
@@ -132,16 +134,16 @@ def cudnn_fwd(q, k, v, seg_q, seg_k, causal):
     fa.check_is_flash_attention(
         q, k, v, params["layout"], fa.check_cudnn_version(), False, True, False
     )
-    o, lse = fa._dot_product_attention_fwd_p_wrapper.bind(
-        q, k, v, *unused[:5], *unused[5:7], **params, is_training=True
-    )
+    # The primitives themselves, not the custom-partitioning wrappers of JAX's own API: inside
+    # shard_map every operand is one device's, and the wrappers cannot lower there.
+    o, lse = fa._dot_product_attention_fwd_impl(q, k, v, *unused, **params, is_training=True)
     return o.astype(jnp.float32), lse
 
 
 def cudnn_bwd(q, k, v, seg_q, seg_k, causal, o, lse, do):
     fa, unused, params = _cudnn_args(q, causal)
-    dq, dk, dv = fa._dot_product_attention_bwd_p_wrapper.bind(
-        q, k, v, *unused[:5], *unused[5:7], lse, o.astype(q.dtype), do.astype(q.dtype), **params
+    dq, dk, dv = fa._dot_product_attention_bwd_impl(
+        q, k, v, *unused, lse, o.astype(q.dtype), do.astype(q.dtype), **params
     )
     return dq.astype(jnp.float32), dk.astype(jnp.float32), dv.astype(jnp.float32)
 
@@ -224,9 +226,10 @@ def ring_attention(block: Block, n: int):
             return dq, kv, dkv
 
         dq, _, dkv = lax.fori_loop(1, n, step, (dq, (k, v, seg), (dk, dv)))
-        dk, dv = (_next(x, n) for x in dkv)  # each slice's accumulators back home
+        # Each slice's gradients back home, in the inputs' dtype (summed in float32 round the ring)
+        dk, dv = (_next(x.astype(t.dtype), n) for x, t in zip(dkv, (k, v)))
         dseg = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dseg
+        return dq.astype(q.dtype), dk, dv, dseg
 
     attend.defvjp(fwd, bwd)
     return attend
@@ -247,13 +250,13 @@ def ring_local(block: Block, n: int):
 def modelled_ring_bytes(B: int, T: int, H: int, D: int, n: int, itemsize: int) -> dict:
     """Bytes one device sends per layer round the ring (a MODEL): the forward passes N - 1 of
     its N slices of K and V, (N - 1) / N of the whole K and V; the backward passes K, V again
-    and their float32 gradient accumulators N - 1 times, plus one last hop of the accumulators
-    home. Segment ids (4 bytes a token, with resets) are left out."""
+    and their float32 gradient accumulators N - 1 times, plus one last hop of the gradients home
+    in the inputs' dtype. Segment ids (4 bytes a token, with resets) are left out."""
     S = T // n
     kv = 2 * B * S * H * D * itemsize
     dkv = 2 * B * S * H * D * 4
     return {
         "forward": (n - 1) * kv,
-        "backward": (n - 1) * (kv + dkv) + dkv,
+        "backward": (n - 1) * (kv + dkv) + kv,
         "kv_whole_sequence": 2 * B * T * H * D * itemsize,
     }

@@ -6,12 +6,12 @@ for every (data, seq) mesh and document layout. Prints one JSON object: case -> 
 import json
 import sys
 
-import linear_gpt2  # noqa: F401  (JAX's environment first)
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+import linear_gpt2  # noqa: F401  (JAX's environment first)
 from linear_gpt2 import attention
 
 jax.config.update("jax_default_matmul_precision", "highest")
