@@ -160,3 +160,53 @@ def test_ring_matches_one_device(multi_device):
         assert err["finite"], case
         assert err["loss"] <= 1e-6, (case, err)
         assert err["y"] <= 1e-5 and err["grads"] <= 1e-5, (case, err)
+
+
+# --------------------------------------------------------------------------------------------
+# The GPU op: compiled for one 8xH100 node here, run against the XLA block on a GPU
+
+
+def test_auto_compiles_to_cudnn_blocks_for_h100x8():
+    """``kernel=auto`` for the target's GPUs (not this machine's CPU) picks cuDNN blocks: the
+    compiled forward + backward holds cuDNN's fused attention (diagonal and cross block, forward
+    and backward) and the ring's collective-permutes."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from linear_gpt2 import attention
+    from linear_gpt2.platform import target
+
+    mesh = Mesh(np.array(target.devices("h100x8")).reshape(1, 8), ("data", "seq"))
+    split = NamedSharding(mesh, P(None, "seq"))
+    x = jax.ShapeDtypeStruct((1, 2048, 2, 64), jnp.bfloat16, sharding=split)
+    fn = attention.get("flash", kernel="auto")
+
+    def f(q, k, v, dy):
+        y, vjp = jax.vjp(fn, q, k, v)
+        return y, vjp(dy)
+
+    report, compiled = target.compile_program(
+        jax.jit(f), (x, x, x, x), "h100x8", keep_executable=True
+    )
+    hlo = compiled.as_text()
+    assert hlo.count('custom_call_target="__cudnn$fmha') == 4
+    assert "collective-permute" in hlo and "all-gather" not in hlo
+    assert report.fits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_cudnn_block_matches_xla_block(causal):
+    """cuDNN's (o, lse) and its backward from a given (o, lse) against the XLA block's: the
+    convention the ring relies on (natural-log lse of the scaled scores, [B, H, S])."""
+    B, S, H, D = 2, 256, 4, 64
+    rng = np.random.default_rng(3)
+    q, k, v, do = (jnp.asarray(rng.normal(size=(B, S, H, D)), jnp.bfloat16) for _ in range(4))
+    o, lse = flash_context.cudnn_fwd(q, k, v, None, None, causal)
+    o_ref, lse_ref = flash_context.xla_fwd(q, k, v, None, None, causal)
+    assert rel_err(o, o_ref) < 2e-2
+    assert rel_err(lse, lse_ref) < 1e-2
+    got = flash_context.cudnn_bwd(q, k, v, None, None, causal, o_ref, lse_ref, do)
+    want = flash_context.xla_bwd(q, k, v, None, None, causal, o_ref, lse_ref, do)
+    for g, w in zip(got, want):
+        assert rel_err(g, w) < 3e-2
