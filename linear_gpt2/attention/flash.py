@@ -38,6 +38,11 @@ kernel (``F.scaled_dot_product_attention(dropout_p=...)``); ``jax.nn.dot_product
 and cudnn) and the Pallas kernel have no dropout, so with ``dropout > 0`` the model applies
 nanoGPT's other three dropout sites (embeddings, attention output projection, MLP) and not this one.
 
+Context parallelism (the mesh's ``seq`` axis splits T): ring attention with a fused op per block
+(:mod:`linear_gpt2.attention.flash_context`): ``auto`` and ``cudnn`` take cuDNN blocks on a GPU
+(or a GPU compile target) for bfloat16/float16 without document resets, ``xla`` and ``auto``
+elsewhere take XLA blocks ([T / N, T / N] scores per head and block); ``pallas`` is refused.
+
 Decoding (sampling) uses the KV cache of :func:`linear_gpt2.attention.softmax.make_decoder`:
 one query row per step gains nothing from a fused kernel.
 """
@@ -50,10 +55,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from linear_gpt2.attention import flash_context as _fc
 from linear_gpt2.attention import softmax as _softmax
-from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
+from linear_gpt2.attention.context import over_sequence, sequence_shards
 from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
 from linear_gpt2.platform.device import compiling_for_gpu
 from linear_gpt2.platform.errors import DeviceError
@@ -240,44 +245,47 @@ def make(kernel: str = "auto"):
     def flash_attention(q, k, v, *, resets=None) -> jax.Array:
         """q, k, v ``[B, T, H, D]`` -> y; ``resets`` bool ``[B, T]``: documents start there."""
         if sequence_shards() > 1:
-            _check_context_parallel(kernel)
-            return over_sequence(_gathered, q, k, v, resets)
+            block = _context_block(kernel, q, resets)
+            return over_sequence(_fc.ring_local(block, sequence_shards()), q, k, v, resets)
         return impl(q, k, v, resets).astype(q.dtype)
 
     return flash_attention
 
 
-def _check_context_parallel(kernel: str) -> None:
-    """Under context parallelism only the XLA form exists so far: every device gathers all keys
-    and values and materialises its [T / N, T] scores, which on a GPU is the memory ring
-    attention with fused blocks would avoid. An explicit GPU kernel is refused, ``auto`` warns."""
-    if kernel in ("cudnn", "pallas"):
+def _context_block(kernel: str, q: jax.Array, resets) -> _fc.Block:
+    """The per-block op of the ring (:mod:`flash_context`) for ``kernel``: cuDNN on a GPU (or a
+    GPU compile target) for bfloat16/float16 without document resets, XLA otherwise. An
+    explicit kernel that cannot run is an error; ``auto`` on a GPU warns when it falls back."""
+    if kernel == "pallas":
         raise NotImplementedError(
-            f"flash kernel={kernel} does not run under context parallelism yet (its form gathers "
-            "every key and value, in XLA); use kernel=xla or kernel=auto, or "
-            "train.context_parallel=1"
+            "flash kernel=pallas does not run under context parallelism (its segment ids are "
+            "one array for queries and keys, which cannot mask a block of one slice's queries "
+            "against another slice's keys); use kernel=cudnn, kernel=auto or kernel=xla"
         )
-    if kernel == "auto" and _on_gpu():
-        warnings.warn(
-            "flash under context parallelism: the XLA form (all keys and values gathered, "
-            "[T / N, T] scores per head), not cuDNN",
-            stacklevel=3,
+    if kernel == "xla" or (kernel == "auto" and not _on_gpu()):
+        return _fc.XLA
+    problem = None
+    if not _on_gpu():
+        problem = f"needs a CUDA GPU (or a GPU compile target); this is {jax.default_backend()!r}"
+    elif q.dtype not in (jnp.bfloat16, jnp.float16):
+        problem = f"needs bfloat16 or float16 inputs, got {q.dtype}"
+    elif q.shape[-1] % 8 or q.shape[-1] > 256:
+        problem = f"needs a head dim that is a multiple of 8 and at most 256, got {q.shape[-1]}"
+    elif resets is not None:
+        problem = "takes no document resets under context parallelism yet"
+    if problem is None:
+        return _fc.CUDNN
+    if kernel == "cudnn":
+        raise KernelUnavailableError(
+            f"flash kernel=cudnn under context parallelism {problem}; use kernel=xla or "
+            "kernel=auto (falls back to XLA blocks)"
         )
-
-
-def _gathered(q, k, v, resets=None, log_gate=None) -> jax.Array:
-    """One device's slice of the queries ``[B, T / N, H, D]`` against every key and value,
-    gathered along the sequence axis: causal by global position, within documents."""
-    del log_gate  # softmax attention has no decay
-    axis_len, r = q.shape[1], lax.axis_index(SEQ)
-    K, V = (lax.all_gather(x, SEQ, axis=1, tiled=True) for x in (k, v))
-    q_pos = r * axis_len + jnp.arange(axis_len)
-    mask = jnp.arange(K.shape[1])[None, :] <= q_pos[:, None]  # [T / N, T]
-    if resets is not None:
-        seg = jnp.cumsum(lax.all_gather(resets, SEQ, axis=1, tiled=True).astype(jnp.int32), 1)
-        seg_q = lax.dynamic_slice_in_dim(seg, r * axis_len, axis_len, axis=1)
-        mask = (mask[None] & (seg_q[:, :, None] == seg[:, None, :]))[:, None]  # [B, 1, Tq, T]
-    return _softmax.masked_softmax_attention(q, K, V, mask)
+    warnings.warn(
+        f"flash under context parallelism: cuDNN {problem}; ring attention with XLA blocks "
+        "([T / N, T / N] scores per head and block)",
+        stacklevel=3,
+    )
+    return _fc.XLA
 
 
 def make_decoder(kernel: str = "auto") -> Decoder:
