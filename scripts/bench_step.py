@@ -72,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(provenance.REPO / "benchmarks" / "results"))
     p.add_argument("--stem", default=None, help="output file stem (default step_time_<device>)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument(
+        "--compile-threads",
+        type=cli.positive_int,
+        default=1,
+        help="compile each context's settings side by side before timing them (a GPU machine)",
+    )
     p.add_argument("--target", default=None, help="compile-only memory frontier for this target")
     p.add_argument("--restart", action="store_true", help="with --target: ignore earlier results")
     p.add_argument(
@@ -211,6 +217,7 @@ def _main(argv: list[str]) -> int:
         max_bytes=args.max_bytes,
         chunk_sizes=chunks,
         compiler_options=bench.FAST_COMPILE if fast else None,
+        compile_threads=args.compile_threads,
     )
     meta = {
         "how": "measured",
@@ -221,6 +228,7 @@ def _main(argv: list[str]) -> int:
             "warmup": warmup,
             "repeats": repeats,
             "steps_timed": repeats,  # each median is of this many steps (results[].times_ms)
+            "compile_threads": args.compile_threads,
             "max_bytes": args.max_bytes,
             "chunk_candidates": chunks,
             "compiler_options": bench.FAST_COMPILE if fast else None,

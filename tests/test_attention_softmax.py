@@ -30,18 +30,27 @@ BF16_TOL = 1e-2
 # float64 reference
 
 
-def ref_attention(q, k, v):
+def _mask(T_, resets=None):
+    """Causal, and with ``resets`` ``[B, T]`` (a document starts there) within a document."""
+    m = np.tril(np.ones((T_, T_), bool))
+    if resets is None:
+        return m
+    doc = np.cumsum(np.asarray(resets), axis=1)
+    return m & (doc[:, None, :, None] == doc[:, None, None, :])
+
+
+def ref_attention(q, k, v, resets=None):
     """Causal softmax attention in float64 NumPy. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     T_, D_ = q.shape[1], q.shape[-1]
     s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D_)
-    s = np.where(np.tril(np.ones((T_, T_), bool)), s, -np.inf)
+    s = np.where(_mask(T_, resets), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return np.einsum("bhqk,bkhd->bqhd", p, v)
 
 
-def ref_attention_vjp(q, k, v, dy):
+def ref_attention_vjp(q, k, v, dy, resets=None):
     """Gradients of ``sum(ref_attention(q, k, v) * dy)`` w.r.t. q, k, v, analytically in float64.
 
     With S = q k^T / sqrt(D) (masked), P = softmax(S), y = P v:
@@ -52,7 +61,7 @@ def ref_attention_vjp(q, k, v, dy):
     T_, D_ = q.shape[1], q.shape[-1]
     c = 1.0 / math.sqrt(D_)
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * c
-    s = np.where(np.tril(np.ones((T_, T_), bool)), s, -np.inf)
+    s = np.where(_mask(T_, resets), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     dv = np.einsum("bhqk,bqhd->bkhd", p, dy)
@@ -333,13 +342,16 @@ def test_gpu_cudnn_float32_rejected_and_auto_falls_back():
 @pytest.mark.gpu
 def test_gpu_cudnn_odd_length_and_documents_match_xla():
     """cuDNN's training kernels need an even length: an odd one is padded (exact by causality),
-    with and without document resets (cuDNN's packed sequences against xla's mask)."""
+    with and without document resets (cuDNN's packed sequences against xla's mask), each also
+    against the float64 reference with the documents' mask (values and gradients)."""
     q, k, v, dy = _qkv(seed=13, shape=(2, 37, 3, 64), dtype=jnp.bfloat16)
     resets = jnp.zeros((2, 37), bool).at[0, 5].set(True).at[0, 36].set(True).at[1, 20].set(True)
     for r in (None, resets):
         fns = [functools.partial(flash.make(kernel=name), resets=r) for name in ("cudnn", "xla")]
         ys = [jax.jit(f)(q, k, v) for f in fns]
+        r64 = None if r is None else np.asarray(r)
         assert rel_err(ys[0], ys[1]) <= BF16_TOL, r is None
+        assert rel_err(ys[0], ref_attention(q, k, v, r64)) <= BF16_TOL, r is None
         g_cudnn, g_xla = (_grads(f, q, k, v, dy) for f in fns)
-        for a, b in zip(g_cudnn, g_xla):
-            assert rel_err(a, b) <= BF16_TOL, r is None
+        for a, b, ref in zip(g_cudnn, g_xla, ref_attention_vjp(q, k, v, dy, r64)):
+            assert rel_err(a, b) <= BF16_TOL and rel_err(a, ref) <= BF16_TOL, r is None

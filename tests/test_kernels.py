@@ -422,13 +422,38 @@ def test_triton_unavailable_is_a_clear_error():
 # GPU only: the real Triton lowering (no interpret mode) and the jax-triton kernel
 
 
+def compare64(kernel, shape, c, dtype=jnp.float32, seed=0):
+    """Errors (output, dphi(q), dphi(k), dv) of a kernel against the float64 reference (the
+    sums written out, reference_with_state with a zero state) on the same rounded inputs."""
+    fused, _ = KERNELS[kernel]
+    q, k, v, dy = inputs(shape, seed)
+    fq, fk = linear.features(q.astype(dtype), k.astype(dtype), "softplus")
+    v, dy = v.astype(dtype), dy.astype(dtype)
+    y, grads = value_and_grads(lambda a, b, d: fused(a, b, d, c, EPS), fq, fk, v, dy)
+    B, _, H, D = shape
+    with jax.enable_x64(True):
+        up = [jnp.asarray(np.asarray(x.astype(jnp.float32), np.float64)) for x in (fq, fk, v, dy)]
+        zS, zz = jnp.zeros((B, H, D, D), jnp.float64), jnp.zeros((B, H, D), jnp.float64)
+
+        def ref(a, b, d):
+            return reference_with_state(a, b, d, zS, zz, EPS, xp=jnp)[0]
+
+        y64, vjp = jax.vjp(ref, *up[:3])
+        g64 = vjp(up[3])
+    errs = [rel_err(y.astype(jnp.float32), np.asarray(y64))]
+    return errs + [rel_err(g.astype(jnp.float32), np.asarray(r)) for g, r in zip(grads, g64)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_gpu_lowering_matches_oracle(kernel, dtype):
+    """The real Triton lowering against the XLA oracle and the float64 reference."""
     errs = compare(kernel, (2, 256, 3, 64), 64, "softplus", dtype)
     tol = (F32_TOL, F32_TOL) if dtype == jnp.float32 else (BF16_TOL, BF16_GRAD_TOL)
     assert errs[0] <= tol[0] and max(errs[1:]) <= tol[1], errs
+    errs64 = compare64(kernel, (2, 256, 3, 64), 64, dtype)
+    assert errs64[0] <= tol[0] and max(errs64[1:]) <= tol[1], errs64
 
 
 @pytest.mark.gpu
@@ -438,10 +463,12 @@ def test_gpu_triton_matches_oracle(dtype):
     KERNELS["triton"] = (triton_fused.chunked_attention, naive.chunked_attention)
     try:
         errs = compare("triton", (2, 256, 3, 40), 64, "softplus", dtype)
+        errs64 = compare64("triton", (2, 256, 3, 40), 64, dtype)
     finally:
         del KERNELS["triton"]
     tol = (F32_TOL, F32_TOL) if dtype == jnp.float32 else (BF16_TOL, BF16_GRAD_TOL)
     assert errs[0] <= tol[0] and max(errs[1:]) <= tol[1], errs
+    assert errs64[0] <= tol[0] and max(errs64[1:]) <= tol[1], errs64
 
 
 @pytest.mark.gpu

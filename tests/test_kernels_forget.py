@@ -347,3 +347,36 @@ def test_parallel_forms_keep_precision_after_a_long_strong_decay(kernel):
     assert rel_err(y, ref) <= 1e-5, rel_err(y, ref)
     for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), vjp(jnp.asarray(dy)), ref_grads):
         assert rel_err(np.asarray(g, np.float32), r64) <= 1e-4, (label, rel_err(g, r64))
+
+
+# --------------------------------------------------------------------------------------------
+# GPU only: the real Triton lowering of the kernels with resets and gates (never run on a GPU
+# before make gpu-check), against the float64 recurrence
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("D, decay", [(64, "gate"), (128, "gate"), (64, "none")], ids=str)
+def test_gpu_chunk_kernels_with_forgetting_equal_the_float64_recurrence(D, decay, dtype):
+    shape, c = (2, 256, 3, D), 64
+    q, k, v, dy, log_gate, resets = make(shape, (0, 63, 64, 130, 255), decay, seed=5, dtype=dtype)
+    r = jnp.asarray(resets)
+    cast = [jnp.asarray(x, dtype) for x in (q, k, v, dy)]
+
+    def fn(q, k, v, g):
+        fq, fk = linear.features(q, k, "softplus")
+        return chunked_kernels.chunked_attention(
+            fq, fk, v, c, EPS, kernel="pallas_chunk", log_gate=g, resets=r
+        )
+
+    if log_gate is None:
+        y, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, None), *cast[:3])
+        ref, ref_grads = reference_grads(q, k, v, np.zeros(shape[:3], np.float32), resets, dy)
+    else:
+        y, vjp = jax.vjp(fn, *cast[:3], jnp.asarray(log_gate))
+        ref, ref_grads = reference_grads(q, k, v, log_gate, resets, dy)
+    tol = (1e-5, 1e-4) if dtype == jnp.float32 else (1e-2, 2e-2)
+    assert rel_err(y.astype(jnp.float32), ref) <= tol[0], rel_err(y.astype(jnp.float32), ref)
+    for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), vjp(cast[3]), ref_grads):
+        err = rel_err(jnp.asarray(g, jnp.float32), r64)
+        assert err <= tol[1], (label, err)

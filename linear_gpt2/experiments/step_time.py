@@ -104,6 +104,8 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 # tests, compile each setting once per process.
 _COMPILED: dict[tuple[Any, ...], Any] = {}
 _MAX_COMPILED = 16
+# Seconds each entry of _COMPILED took to compile (its memory plan's candidates included).
+_COMPILE_SECONDS: dict[tuple[Any, ...], float] = {}
 
 
 def _compiled_key(cfg: ModelConfig, batch: int, compiler_options: dict | None) -> tuple:
@@ -122,6 +124,7 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
     """
     key = _compiled_key(cfg, batch, compiler_options)
     if key not in _COMPILED:
+        t0 = time.perf_counter()
         tx = optimizer(TrainConfig())
         mesh = make_mesh(jax.local_devices()[:1])
 
@@ -137,6 +140,7 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
         if compiled is None:
             compiled = compile_candidate(plan.config)[1]
         _COMPILED[key] = (compiled, tx, plan.config)
+        _COMPILE_SECONDS[key] = time.perf_counter() - t0
         while len(_COMPILED) > _MAX_COMPILED:  # a long GPU sweep need not keep them all
             _COMPILED.pop(next(iter(_COMPILED)))
     return _COMPILED[key]
@@ -144,6 +148,29 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
 
 def clear_compiled() -> None:
     _COMPILED.clear()
+
+
+def precompile(
+    configs: Sequence[ModelConfig],
+    batch: int = 1,
+    compiler_options: dict | None = None,
+    threads: int = 4,
+) -> None:
+    """Compile the steps of ``configs`` side by side (XLA's compile of one program keeps about
+    one core busy; a GPU machine has many), before any is timed: timing runs alone. A failure
+    here (out of memory, a variant that cannot run) is left for :func:`bench_setting` to meet
+    again and record."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(cfg: ModelConfig) -> None:
+        try:
+            compile_step(cfg, batch, compiler_options)
+        except Exception:  # noqa: BLE001 - recorded when the setting is timed
+            gc.collect()
+
+    todo = [c for c in configs if _compiled_key(c, batch, compiler_options) not in _COMPILED]
+    with ThreadPoolExecutor(max(1, min(threads, len(todo) or 1))) as pool:
+        list(pool.map(one, todo[:_MAX_COMPILED]))
 
 
 def step_memory_bytes(compiled) -> int | None:
@@ -219,6 +246,7 @@ class StepResult:
     n_params: int
     median_ms: float | None = None
     min_ms: float | None = None
+    max_ms: float | None = None
     times_ms: list[float] = dataclasses.field(default_factory=list)
     chunk_size: int | None = None  # with the spec's sweep_chunk_size: the fastest candidate
     chunk_ms: dict[int, float] = dataclasses.field(default_factory=dict)  # candidate -> median
@@ -229,6 +257,7 @@ class StepResult:
     # LT_chunked's kernel=pallas chose for this shape (kernels/lt_chunked/cost.py).
     kernel_design: str | None = None
     memory_bytes: int | None = None
+    compile_s: float | None = None  # the timed step's compile (with its memory plan's tries)
     # What model.remat / model.loss_chunk "auto" resolved to for the timed step (memory_plan: the
     # cheapest setting that fits the device), so a slow point that was rematerialised says so.
     remat: str | None = None
@@ -301,9 +330,11 @@ def bench_setting(
             best = (med, c, times)
             result.memory_bytes = mem
             # The step time_step just compiled, from the cache (never compiled here).
-            hit = _COMPILED.get(_compiled_key(cfg, batch, compiler_options))
+            key = _compiled_key(cfg, batch, compiler_options)
+            hit = _COMPILED.get(key)
             if hit is not None:
                 result.remat, result.loss_chunk = hit[2].remat, hit[2].loss_chunk
+            result.compile_s = _COMPILE_SECONDS.get(key)
     if best is None:
         assert last_oom is not None
         result.status = "oom"
@@ -311,6 +342,7 @@ def bench_setting(
         return result
     med, c, times = best
     result.median_ms, result.min_ms = med * 1e3, min(times) * 1e3
+    result.max_ms = max(times) * 1e3
     result.times_ms = [t * 1e3 for t in times]
     result.chunk_size = c
     shape = (batch, context, base.n_head, base.head_dim)
@@ -330,14 +362,21 @@ def run_benchmark(
     contexts: Sequence[int],
     *,
     on_result: Callable[[StepResult], None] | None = None,
+    compile_threads: int = 1,
     **kwargs: Any,
 ) -> list[StepResult]:
     """Every attention x size over increasing ``contexts``, stopping each (attention, size) at
-    its first OOM or error. ``kwargs`` go to :func:`bench_setting`."""
+    its first OOM or error. ``kwargs`` go to :func:`bench_setting`. With ``compile_threads``
+    > 1 the settings of a size, every context, are compiled side by side before any is timed."""
     results = []
     names = list(attentions)
     for size in sizes:
         stopped: set[str] = set()
+        if compile_threads > 1:
+            settings = [c for t in sorted(contexts) for c in _settings(names, size, t, kwargs)]
+            precompile(
+                settings, kwargs.get("batch", 1), kwargs.get("compiler_options"), compile_threads
+            )
         # Context-major: the attentions at one context run back to back (they share an
         # initialisation, and see the same machine conditions).
         for context in sorted(contexts):
@@ -353,6 +392,19 @@ def run_benchmark(
             if len(stopped) == len(names):
                 break
     return results
+
+
+def _settings(names, size, context, kwargs) -> list[ModelConfig]:
+    """The configs :func:`bench_setting` will compile at one context (every chunk candidate)."""
+    out = []
+    for name in names:
+        base = model_config(size, name, context, dtype=kwargs.get("dtype", "bfloat16"))
+        if base.spec.sweep_chunk_size:
+            chunks = chunk_candidates(context, kwargs.get("chunk_sizes", CHUNK_CANDIDATES))
+            out += [base.replace(chunk_size=c) for c in chunks]
+        else:
+            out.append(base)
+    return out
 
 
 def limits(results: Iterable[StepResult]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -392,12 +444,14 @@ CSV_FIELDS = [
     "status",
     "median_ms",
     "min_ms",
+    "max_ms",
     "chunk_size",
     "autotune_chunk_size",
     "kernel_design",
     "remat",
     "loss_chunk",
     "memory_bytes",
+    "compile_s",
     "times_ms",
     "chunk_ms",
     "oom_reason",

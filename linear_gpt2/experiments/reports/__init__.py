@@ -11,11 +11,13 @@ results, and import no JAX. Writers (``scripts/``, ``benchmarks/``) write raw fi
 from linear_gpt2.experiments.reports import (  # noqa: F401  (each module registers its renderers)
     attention,
     cpu,
+    gpu_check,
     index,
     learning,
     memory,
     mqar,
     roofline,
+    step_model,
     step_time,
 )
 from linear_gpt2.experiments.reports.core import (

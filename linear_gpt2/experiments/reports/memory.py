@@ -138,7 +138,8 @@ def memory_check_table(raw: Raw) -> str:
         comp, peak = r["compiled_bytes"], r["peak_bytes_in_use"]
         body.append([
             r["attention"], r["size"], r["context"], r["remat"], r["loss_chunk"],
-            r.get("chunk_size") or "", gib(comp), gib(peak), f"{peak - comp:,}",
+            r.get("chunk_size") or "", gib(comp), gib(peak),
+            "no peak (a CPU)" if peak is None or comp is None else f"{peak - comp:,}",
             f"{r['median_ms']:.1f}", "" if r["loss"] is None else f"{r['loss']:.3f}",
         ])  # fmt: skip
     return table(

@@ -1,0 +1,234 @@
+"""The units' outputs merged into results files (``<kind>_<device>_measured.*``), and the page
+``gpu_check_<device>_measured.md`` that renders them. Run after every invocation, over every
+unit done so far, so that a session cut short still leaves its results.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from linear_gpt2.experiments.gpu_check import learning
+from linear_gpt2.experiments.gpu_check.plan import PHASE_BUDGET_S, Plan, Stage
+from linear_gpt2.experiments.gpu_check.runner import read_done, unit_dir
+
+
+def _meta(env: dict, **settings) -> dict[str, Any]:
+    env = {k: v for k, v in env.items() if k not in ("allocator_fraction", "allocator_fraction_set_by",
+                                                     "allocator_bytes_limit", "packages")}  # fmt: skip
+    return {"how": "measured", "environment": env, "settings": settings}
+
+
+def _write_json(path: Path, data: Any) -> Path:
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return path
+
+
+def _units(run_dir: Path, stage: Stage, name: str) -> list[tuple[str, Path]]:
+    """``(unit, its output file)`` for each unit done with that file."""
+    out = []
+    for u in stage.units:
+        d = read_done(run_dir, stage.name, u.name)
+        f = unit_dir(run_dir, stage.name, u.name) / name
+        if d is not None and f.is_file():
+            out.append((u.name, f))
+    return out
+
+
+def tests(stage, run_dir, results, dev, env) -> list[Path]:
+    files = []
+    for unit, path in _units(run_dir, stage, "junit.xml"):
+        cases = []
+        for case in ET.parse(path).getroot().iter("testcase"):
+            outcome, message = "passed", ""
+            for tag in ("failure", "error", "skipped"):
+                el = case.find(tag)
+                if el is not None:
+                    outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                    message = (
+                        (el.get("message") or "").splitlines()[0][:300] if el.get("message") else ""
+                    )
+            cases.append({"name": case.get("name"), "outcome": outcome,
+                          "seconds": float(case.get("time") or 0), "message": message})  # fmt: skip
+        files.append({"file": f"tests/{unit}.py", "tests": cases})
+    if not files:
+        return []
+    meta = _meta(env, marker="-m gpu", packages=env.get("packages"),
+                 reference="float64 (values and gradients), tests/test_*.py")  # fmt: skip
+    return [_write_json(results / f"gpu_tests_{dev}_measured.json", {"meta": meta, "files": files})]
+
+
+def step(stage, run_dir, results, dev, env) -> list[Path]:
+    from linear_gpt2.experiments import step_time
+
+    rows, meta = [], None
+    for _, path in _units(run_dir, stage, "step.json"):
+        data = json.loads(path.read_text())
+        meta = meta or data["meta"]
+        rows += data["results"]
+    if not rows:
+        return []
+    meta = {**meta, "sizes_and_contexts": "make gpu-check's step stage (gpu_check/stages.py)"}
+    results_ = [step_time.StepResult(**{k: v for k, v in r.items()}) for r in rows]
+    paths = step_time.write_results(results_, results, f"step_time_{dev}_measured", meta)
+    return list(paths)
+
+
+def kernels(stage, run_dir, results, dev, env) -> list[Path]:
+    rows, notes, meta = [], [], None
+    for _, path in _units(run_dir, stage, "kernels.json"):
+        data = json.loads(path.read_text())
+        meta = meta or data["meta"]
+        rows += data["rows"]
+        notes += data.get("notes", [])
+    if not rows:
+        return []
+    out = results / f"kernels_{dev}_measured"
+    _write_json(out.with_suffix(".json"), {"meta": meta, "rows": rows, "notes": notes})
+    fields = ["B", "H", "D", "forget", "impl", "T", "mode", "status", "ms", "min_ms", "max_ms",
+              "tflops", "check_rel_err"]  # fmt: skip
+    with out.with_suffix(".csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return [out.with_suffix(".json"), out.with_suffix(".csv")]
+
+
+def profile(stage, run_dir, results, dev, env) -> list[Path]:
+    found = [json.loads(p.read_text()) for _, p in _units(run_dir, stage, "profile.json")]
+    if not found:
+        return []
+    meta = {**found[0]["meta"], "settings": {**found[0]["meta"].get("settings", {})}}
+    return [_write_json(results / f"profile_{dev}_measured.json",
+                        {"meta": meta, "profiles": [f["profile"] for f in found]})]  # fmt: skip
+
+
+def sample(stage, run_dir, results, dev, env) -> list[Path]:
+    from linear_gpt2.experiments import sample_time
+
+    rows, meta = [], None
+    for _, path in _units(run_dir, stage, "sample.json"):
+        data = json.loads(path.read_text())
+        meta = meta or data["meta"]
+        rows += data["rows"]
+    if not rows:
+        return []
+    sizes = sorted({r.get("size") for r in rows})
+    meta = {k: v for k, v in meta.items() if k != "how"}
+    meta["title"] = f"{', '.join(sizes)}, {meta['environment']['device_kind']}"
+    return sample_time.write_sample_results(rows, results, f"sample_time_{dev}_measured", meta)
+
+
+def memory(stage, run_dir, results, dev, env) -> list[Path]:
+    rows, meta = [], None
+    for _, path in _units(run_dir, stage, "memory.json"):
+        data = json.loads(path.read_text())
+        meta = meta or data["meta"]
+        rows += data["rows"]
+    if not rows:
+        return []
+    stem = f"memory_check_{dev}_measured"
+    path = _write_json(results / f"{stem}.json", {"meta": meta, "rows": rows})
+    from linear_gpt2.experiments import reports
+
+    reports.page(results / f"{stem}.md", "\n".join([
+        "# Compiled memory vs the real GPU's peak (measured on the device)", "",
+        reports.block("memory_check.about", path.name),
+        reports.block("memory_check.table", path.name),
+    ]))  # fmt: skip
+    return [path, results / f"{stem}.md"]
+
+
+def _evals(run: Path) -> tuple[list[dict], dict]:
+    records = []
+    metrics = run / "metrics.jsonl"
+    if metrics.is_file():
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    done_path = run / "DONE"
+    done = json.loads(done_path.read_text()) if done_path.is_file() else {}
+    return [r for r in records if "val_loss" in r], done
+
+
+def _learning(stage, run_dir, env, spec) -> list[dict]:
+    rows = []
+    for u in stage.units:
+        if read_done(run_dir, stage.name, u.name) is None:
+            continue
+        run = unit_dir(run_dir, stage.name, u.name) / "run"
+        evals, done = _evals(run)
+        cfg = done.get("config", {})
+        curve = [(int(r["step"]), float(r["val_loss"])) for r in evals]
+        rows.append({
+            "name": u.name, "stopped_by": done.get("stopped_by"), "steps": done.get("step"),
+            "context": cfg.get("data", {}).get("context"), "seed": cfg.get("seed"),
+            "attention": cfg.get("attention", {}), "curve": curve,
+            "val_acc": [(int(r["step"]), r["val_acc"]) for r in evals if "val_acc" in r],
+            **learning.curve_summary(curve),
+        })  # fmt: skip
+    return rows
+
+
+def mqar(stage, run_dir, results, dev, env) -> list[Path]:
+    rows = _learning(stage, run_dir, env, "mqar")
+    if not rows:
+        return []
+    meta = _meta(env, sweep="configs/sweeps/mqar_zoology_gpu.yaml", stop="99% test accuracy")
+    return [_write_json(results / f"mqar_{dev}_measured.json", {"meta": meta, "runs": rows})]
+
+
+def context(stage, run_dir, results, dev, env) -> list[Path]:
+    rows = _learning(stage, run_dir, env, "context")
+    if not rows:
+        return []
+    for r in rows:
+        a = r["attention"]
+        r["variant"] = (
+            a.get("name", "?")
+            + (" + doc_reset" if a.get("doc_reset") else "")
+            + (f" + decay: {a['decay']}" if a.get("decay") not in (None, "none") else "")
+        )
+    gaps = learning.gaps([{**r, "final_loss": r["final_loss"]} for r in rows])
+    meta = _meta(env, sweep="configs/sweeps/context_gpu.yaml", passes=learning.PASSES)
+    data = {"meta": meta, "runs": rows, "gaps": gaps}
+    return [_write_json(results / f"context_{dev}_measured.json", data)]
+
+
+COLLECTORS: dict[str, Callable[..., list[Path]]] = {
+    "tests": tests, "kernels": kernels, "step": step, "profile": profile, "sample": sample,
+    "memory": memory, "mqar": mqar, "context": context,
+}  # fmt: skip
+
+
+def units_record(plan: Plan, run_dir: Path, results: Path, env: dict) -> Path:
+    """Every unit's time next to its estimate: what the next plan is priced from."""
+    units = []
+    for s in plan.stages:
+        for u in s.units:
+            d = read_done(run_dir, s.name, u.name)
+            if d is not None:
+                units.append({**d, "phase": s.phase})
+    path = results / f"gpu_check_{plan.device}_measured.json"
+    old = json.loads(path.read_text()).get("units", []) if path.is_file() else []
+    keyed = {(u["stage"], u["unit"]): u for u in old}
+    keyed.update({(u["stage"], u["unit"]): u for u in units})
+    meta = _meta(env, budget_s=PHASE_BUDGET_S, packages=env.get("packages"),
+                 allocator_fraction=env.get("allocator_fraction"),
+                 written_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
+    return _write_json(path, {"meta": meta, "units": list(keyed.values())})
+
+
+def collect_all(plan: Plan, run_dir: Path, results: Path, env: dict) -> list[Path]:
+    from linear_gpt2.experiments.gpu_check import page
+
+    results.mkdir(parents=True, exist_ok=True)
+    written = []
+    for s in plan.stages:
+        written += COLLECTORS[s.name](s, run_dir, results, plan.device, env)
+    written.append(units_record(plan, run_dir, results, env))
+    written.append(page.write(results, plan.device))
+    return written

@@ -1,0 +1,41 @@
+"""The page of a ``make gpu-check`` run: ``gpu_check_<device>_measured.md``, a generated block
+for each results file the run has written so far."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from linear_gpt2.experiments import reports
+
+# (raw file, renderer, heading), in the order of the stages.
+BLOCKS = (
+    ("gpu_check_{dev}_measured.json", "gpu_check.units", "Units: time against the estimate"),
+    ("gpu_tests_{dev}_measured.json", "gpu_check.tests", "GPU tests"),
+    ("kernels_{dev}_measured.json", "gpu_check.kernels", "Kernels"),
+    ("step_time_{dev}_measured.json", "gpu_check.steps", "Training step"),
+    ("profile_{dev}_measured.json", "gpu_check.profile", "Where the step's time goes"),
+    ("sample_time_{dev}_measured.json", "gpu_check.sample", "Sampling"),
+    ("memory_check_{dev}_measured.json", "memory_check.table", "Memory"),
+    ("mqar_{dev}_measured.json", "gpu_check.mqar", "MQAR"),
+    ("context_{dev}_measured.json", "gpu_check.context", "Context study"),
+)
+
+
+def template(results: Path, dev: str) -> str:
+    lines = [
+        f"# make gpu-check on {dev} (measured)",
+        "",
+        "Written by `scripts/gpu_check.py` (`make gpu-check`) from its run folder; every number "
+        "below is rendered from the raw file its block names.",
+    ]
+    for raw, name, heading in BLOCKS:
+        raw = raw.format(dev=dev)
+        if (results / raw).is_file():
+            lines += ["", f"## {heading}", "", reports.block(name, raw)]
+    return "\n".join(lines)
+
+
+def write(results: Path, dev: str) -> Path:
+    path = results / f"gpu_check_{dev}_measured.md"
+    reports.page(path, template(results, dev))
+    return path
