@@ -198,7 +198,12 @@ def ring_attention(block: Block, n: int):
             o, lse = lax.cond(t <= r, attend, lambda o, lse: (o, lse), o, lse)
             return o, lse, kv
 
-        o, lse, _ = lax.fori_loop(1, n, step, (o, lse, (k, v, seg)))
+        # The ring's N - 1 steps unrolled, not a fori_loop: XLA's GPU compiler (jax 0.11.2)
+        # crashed on cuDNN attention inside a loop nested in the model's layer scan.
+        carry = (o, lse, (k, v, seg))
+        for t in range(1, n):
+            carry = step(t, carry)
+        o, lse, _ = carry
         return o.astype(q.dtype), lse
 
     @jax.custom_vjp
@@ -225,7 +230,10 @@ def ring_attention(block: Block, n: int):
             dq, dkv = lax.cond(t <= r, grads, lambda dq, dkv: (dq, dkv), dq, dkv)
             return dq, kv, dkv
 
-        dq, _, dkv = lax.fori_loop(1, n, step, (dq, (k, v, seg), (dk, dv)))
+        carry = (dq, (k, v, seg), (dk, dv))
+        for t in range(1, n):
+            carry = step(t, carry)
+        dq, _, dkv = carry
         # Each slice's gradients back home, in the inputs' dtype (summed in float32 round the ring)
         dk, dv = (_next(x.astype(t.dtype), n) for x, t in zip(dkv, (k, v)))
         dseg = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)

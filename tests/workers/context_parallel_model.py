@@ -4,22 +4,24 @@ the same model on one device; prints one JSON line per (variant, forgetting, mes
 usage: python tests/workers/context_parallel_model.py VARIANT   (the caller sets the host
 device count, 16 for data=2 x seq=8)
 
-Documents (``doc_reset``): row 0 has starts at 5 (inside the first slice at every N), 16 (on
-the slice boundary for N = 2, 4, 8) and 22; row 1 at 8 (on a boundary for N = 4, 8) and 13.
-Every other document spans at least one slice boundary.
+Documents (``doc_reset``), at T = 32: row 0 has starts at 5 (inside the first slice at every
+N), 16 (on the slice boundary for N = 2, 4, 8) and 22; row 1 at 8 (on a boundary for N = 4, 8)
+and 13 (scaled with T). Every other document spans at least one slice boundary.
 """
 
 import json
 import sys
 
+# name -> (attention, options, T): the Pallas kernels take chunks of 16 or more, so their
+# sequence is 4x longer (a slice of 16 at seq = 8) and the document starts scale with it.
 VARIANTS = {
-    "LT_chunked-xla": ("LT_chunked", {"chunk_size": 2, "kernel": "xla"}),
-    "LT_chunked-pallas": ("LT_chunked", {"chunk_size": 4, "kernel": "pallas_chunk"}),
-    "LT_state_parallel": ("LT_state_parallel", {}),
-    "flash-xla": ("flash", {"kernel": "xla"}),
+    "LT_chunked-xla": ("LT_chunked", {"chunk_size": 2, "kernel": "xla"}, 32),
+    "LT_chunked-pallas": ("LT_chunked", {"chunk_size": 16, "kernel": "pallas_chunk"}, 128),
+    "LT_state_parallel": ("LT_state_parallel", {}, 32),
+    "flash-xla": ("flash", {"kernel": "xla"}, 32),
 }
 MESHES = [(1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8)]  # (data, seq)
-B, T = 2, 32
+B = 2
 
 
 def main() -> None:
@@ -35,7 +37,8 @@ def main() -> None:
     from linear_gpt2.training.sharding import make_mesh, traced_on
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    name, options = VARIANTS[sys.argv[1]]
+    name, options, T = VARIANTS[sys.argv[1]]
+    s = T // 32
     spec = attention.registry.spec(name)
     forgets = [(False, "none"), (True, "none")]
     if spec.decay:
@@ -45,8 +48,8 @@ def main() -> None:
     tokens = rng.integers(0, 97, size=(B, T + 1))
     inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
     starts = np.zeros((B, T), bool)
-    starts[0, [0, 5, 16, 22]] = True
-    starts[1, [0, 8, 13]] = True
+    starts[0, [0, 5 * s, 16 * s, 22 * s]] = True
+    starts[1, [0, 8 * s, 13 * s]] = True
     segments = jnp.asarray(np.cumsum(starts, axis=1), jnp.int32)
 
     def rel(a, b):
