@@ -28,13 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import linear_gpt2  # noqa: E402, F401  (before JAX starts its backends)
-from linear_gpt2.experiments import collectives, compile_step  # noqa: E402
+from linear_gpt2.experiments import collectives, compile_step, reports  # noqa: E402
 from linear_gpt2.model import count_params, init_params  # noqa: E402
 from linear_gpt2.platform import provenance  # noqa: E402
 from linear_gpt2.training.config import load_config  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "context_parallel_h100x8_compiled.json"
+PAGE = RESULTS / "context_parallel_h100x8_compiled.md"
 # config stem -> target. The memory ladder starts at full rematerialisation: at these lengths
 # per device the cheaper settings are far over the budget (the one-GPU frontier,
 # memory_frontier_h100_compiled.json), and each rung costs minutes to compile.
@@ -139,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             "buffer assignment, collectives counted from the optimised HLO; 'model' is MODELLED",
             "script": "benchmarks/context_parallel_compile.py",
             "settings": {"start_rung": START_RUNG, "points": POINTS},
+            "environment": row["environment"],
         }
         args.out.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    reports.page(PAGE, reports.block("context.page", OUT.name))
     return 0
 
 

@@ -102,8 +102,14 @@ def _walk(module: Module, name: str, count: int, total: int) -> Iterator[Collect
             axes = ("seq",) if "/shard_map/" in ins.op_name else ("permute",)
         yield Collective(
             ins.name, kind, axes, n, _bytes(comp, ins.operands), count,
-            backward="transpose(" in ins.op_name, attention="/shard_map/" in ins.op_name,
+            backward="transpose(" in ins.op_name, attention=_in_attention(ins.op_name),
         )  # fmt: skip
+
+
+def _in_attention(op_name: str) -> bool:
+    """Inside an attention's ``shard_map`` over ``seq`` (the model names its attention ``attn``;
+    the loss has a ``shard_map`` of its own)."""
+    return "/shard_map/" in op_name and "/attn/" in op_name
 
 
 def collectives(hlo_text: str, devices: int) -> list[Collective]:
