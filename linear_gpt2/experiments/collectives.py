@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Iterator
 
-from linear_gpt2.experiments.hlo_text import Computation, Module, parse_module
+from linear_gpt2.experiments.hlo_text import Module, parse_module
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
@@ -68,15 +68,6 @@ def _axes(attrs: str, total: int) -> tuple[tuple[str, ...], int]:
     return ("all",), total
 
 
-def _bytes(comp: Computation, names: list[str]) -> float:
-    total = 0.0
-    for name in names:
-        ins = comp.by_name.get(name)
-        if ins is not None:
-            total += sum(a.bytes for a in ins.shape)
-    return total
-
-
 def _walk(module: Module, name: str, count: int, total: int) -> Iterator[Collective]:
     comp = module.computations[name]
     for ins in comp.instrs:
@@ -100,10 +91,19 @@ def _walk(module: Module, name: str, count: int, total: int) -> Iterator[Collect
             ids = {int(x) for x in re.findall(r"\d+", pairs[1])} if pairs else set()
             n = max(2, len(ids))
             axes = ("seq",) if "/shard_map/" in ins.op_name else ("permute",)
-        yield Collective(
-            ins.name, kind, axes, n, _bytes(comp, ins.operands), count,
-            backward="transpose(" in ins.op_name, attention=_in_attention(ins.op_name),
-        )  # fmt: skip
+        # XLA combines collectives of one kind into one launch (the attention's state gather with
+        # FSDP's weight gathers): each operand is attributed by the op that produced it.
+        parts: dict[bool, float] = {}
+        for name in ins.operands:
+            src = comp.by_name.get(name)
+            if src is not None:
+                inside = _in_attention(src.op_name) or _in_attention(ins.op_name)
+                parts[inside] = parts.get(inside, 0.0) + sum(a.bytes for a in src.shape)
+        for inside, nbytes in parts.items():
+            yield Collective(
+                ins.name, kind, axes, n, nbytes, count,
+                backward="transpose(" in ins.op_name, attention=inside,
+            )  # fmt: skip
 
 
 def _in_attention(op_name: str) -> bool:

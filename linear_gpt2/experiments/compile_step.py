@@ -223,14 +223,17 @@ def largest_context(
     hi: int = 2**21,
     budget_bytes: int | None = None,
     on_report: Callable[[int, StepReport], None] | None = None,
+    context_parallel: int = 1,
 ) -> tuple[int | None, dict[int, StepReport]]:
     """The largest power-of-two context in [lo, hi] whose step fits (memory settings as in
     ``cfg``, ``auto`` resolved), by bisection over the exponents (fitting is monotone in the
-    context). Returns it (None if even ``lo`` does not fit) and the reports compiled."""
+    context), each sequence split over ``context_parallel`` devices. Returns it (None if even
+    ``lo`` does not fit) and the reports compiled."""
     reports: dict[int, StepReport] = {}
 
     def fits(T: int) -> bool:
-        r = compile_train_step(with_context(cfg, T), target, batch=batch, budget_bytes=budget_bytes)
+        r = compile_train_step(with_context(cfg, T), target, batch=batch, budget_bytes=budget_bytes,
+                               context_parallel=context_parallel)  # fmt: skip
         reports[T] = r
         if on_report:
             on_report(T, r)
