@@ -33,11 +33,37 @@ def _rest(r: dict[str, Any]) -> float:
     return sum(c["sent_bytes"] for c in r["collectives"] if c["where"] != "attention")
 
 
-@renderer("context.page")
+def _rows(raw: Raw) -> list[dict[str, Any]]:
+    return sorted(raw.data["rows"], key=lambda r: (r["devices"], r["attention"], r["context"]))
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """One row per point; links relative to ``benchmarks/results/``."""
+    header = ["point", "target", "N (seq)", "tokens per GPU", "memory setting", "GiB per GPU",
+              "fits 72 GiB", "attention sends, GB", "model (fwd+bwd / +recompute)",
+              "other collectives, GB", "model (parameters)"]  # fmt: skip
+    body = [
+        [f"[{_point(r)}](../../{r['config']})", r["target"], r["context_parallel"],
+         f"{r['tokens_per_device']:,}", f"{r['remat']}, loss_chunk={r['loss_chunk']}",
+         gib(r["memory"]["total"]), "yes" if r["fits"] else "**no**",
+         _gb(r["attention_sent_bytes"]),
+         f"{_gb(r['model']['attention_seq'])} / {_gb(r['model']['attention_seq_remat'])}",
+         _gb(_rest(r)), _gb(r["model"]["parameters_all"])]
+        for r in rows
+    ]  # fmt: skip
+    return table(header, body, "llrrlrlrrrr")
+
+
+@renderer("context_parallel.table")
+def frontier_table(raw: Raw) -> str:
+    """The points' table alone (the memory frontier's page, beside the raw file)."""
+    return _table(_rows(raw))
+
+
+@renderer("context_parallel.page")
 def page(raw: Raw) -> str:
-    d = raw.data
-    prov = provenance(d)
-    rows = sorted(d["rows"], key=lambda r: (r["devices"], r["attention"], r["context"]))
+    prov = provenance(raw.data)
+    rows = _rows(raw)
     out = [
         "# Context parallelism compiled for H100 nodes",
         "",
@@ -48,41 +74,11 @@ def page(raw: Raw) -> str:
         "target's 72 GiB budget; the collectives are counted from the optimised program, as the "
         "bytes each device sends per step by the ring algorithms (`experiments/collectives.py`); "
         "the model beside them is MODELLED (the slice states per layer for linear attention, "
-        "(N-1)/N of K and V per layer for flash's ring). No time here: links' speeds are the "
-        f"GPU's to measure. jax {prov['jax']}, commit {short(prov['commit'])}.",
+        "(N-1)/N of K and V per layer for flash's ring; with rematerialisation the forward's "
+        "exchange runs twice). No time here: links' speeds are the GPU's to measure. "
+        f"jax {prov['jax']}, commit {short(prov['commit'])}.",
         "",
-        table(
-            [
-                "point",
-                "target",
-                "N (seq)",
-                "tokens per GPU",
-                "memory setting",
-                "GiB per GPU",
-                "fits 72 GiB",
-                "attention sends, GB",
-                "model (fwd+bwd / +recompute)",
-                "other collectives, GB",
-                "model (parameters)",
-            ],
-            [
-                [
-                    f"[{_point(r)}](../../{r['config']})",
-                    r["target"],
-                    r["context_parallel"],
-                    f"{r['tokens_per_device']:,}",
-                    f"{r['remat']}, loss_chunk={r['loss_chunk']}",
-                    gib(r["memory"]["total"]),
-                    "yes" if r["fits"] else "**no**",
-                    _gb(r["attention_sent_bytes"]),
-                    f"{_gb(r['model']['attention_seq'])} / {_gb(r['model']['attention_seq_remat'])}",
-                    _gb(_rest(r)),
-                    _gb(r["model"]["parameters_all"]),
-                ]
-                for r in rows
-            ],
-            "llrrlrlrrrr",
-        ),  # fmt: skip
+        _table(rows),
         "",
         "Per point, every collective of the step (bytes sent per device per step; `all`: every "
         "device of the mesh; `attention`: inside the attention's `shard_map` over `seq`):",
@@ -111,10 +107,10 @@ def page(raw: Raw) -> str:
     return "\n".join(out)
 
 
-@renderer("context.summary")
+@renderer("context_parallel.summary")
 def summary(raw: Raw) -> str:
     """One line per point for the README: tokens, GPUs, memory per GPU, attention traffic."""
-    rows = sorted(raw.data["rows"], key=lambda r: (r["devices"], r["attention"], r["context"]))
+    rows = _rows(raw)
     return "\n".join(
         f"- {_point(r)} over {r['context_parallel']} GPUs ({r['target']}): "
         f"{gib(r['memory']['total'], 1)} GiB per GPU "
