@@ -35,3 +35,19 @@ def _let_the_allocator_use_the_gpu() -> None:
 
 
 _let_the_allocator_use_the_gpu()
+
+
+def _keep_host_collectives_in_order() -> None:
+    # With several host devices (--xla_force_host_platform_device_count, the CPU stand-in for a
+    # node), a program holding collectives over two mesh axes (data and seq, context
+    # parallelism) deadlocked in XLA:CPU 0.11.2: its concurrency-optimised scheduler let devices
+    # reach independent all-reduces and all-gathers in different orders, and each rendezvous
+    # waited for threads blocked in another. One host device has no collectives, so the default
+    # run's program is untouched; a flag the user set is kept.
+    flags = _os.environ.get("XLA_FLAGS", "")
+    name = "--xla_cpu_enable_concurrency_optimized_scheduler"
+    if "--xla_force_host_platform_device_count" in flags and name not in flags:
+        _os.environ["XLA_FLAGS"] = f"{flags} {name}=false"
+
+
+_keep_host_collectives_in_order()

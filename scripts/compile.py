@@ -119,6 +119,21 @@ def print_kernels(report) -> None:
     print(f"shared memory per block limit {limit} B; registers per thread limit 255")
 
 
+def print_collectives(report) -> None:
+    """Every collective of a multi-device step: bytes one device sends per step (counted from
+    the compiled program, ring algorithms; ``experiments/collectives.py``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"collectives per device per step ({report.compile.target.name})")
+    for col in ("collective", "mesh axes", "where", "launches", "sent (GB)"):
+        table.add_column(col, justify="right" if col in ("launches", "sent (GB)") else "left")
+    for c in report.collectives:
+        table.add_row(c["kind"], c["axes"], c["where"], str(c["launches"]),
+                      f"{c['sent_bytes'] / 1e9:,.3f}")  # fmt: skip
+    Console(width=120).print(table)
+
+
 def run_attention(args) -> int:
     from linear_gpt2.experiments import compile_step
 
@@ -190,6 +205,13 @@ def run_step(args) -> int:
     )
     print(f"memory plan: {report.plan.describe()}")
     print(f"memory per device: {report.compile.memory.describe()}")
+    if report.context_parallel > 1:
+        print(
+            f"context parallelism: each sequence over {report.context_parallel} devices, "
+            f"{report.context // report.context_parallel:,} tokens each"
+        )
+    if report.collectives:
+        print_collectives(report)
     print_choices()
     if args.kernels:
         print_kernels(report.compile)
@@ -200,6 +222,7 @@ def run_step(args) -> int:
         hi = 2**21 if args.frontier else report.context // 2
         best, reports = compile_step.largest_context(
             model_cfg, t, batch=micro, lo=1024, hi=max(hi, 1024), budget_bytes=budget,
+            context_parallel=cfg.train.context_parallel,
             on_report=lambda T, r: print(
                 f"  context {T:>9,}: {_gib(r.compile.memory.total)} GiB "
                 f"({r.config.remat}, loss_chunk={r.config.loss_chunk}) "

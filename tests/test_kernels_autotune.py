@@ -112,7 +112,9 @@ def test_config_accepts_auto_and_ints():
     with pytest.raises(ConfigError, match="chunk_size"):
         load_config_from_dict({"attention": {"chunk_size": 1.5}})
     # A chunk size that does not divide the context is still an error; auto is not checked.
-    with pytest.raises(ConfigError, match="does not divide data.context=96"):
+    with pytest.raises(
+        ConfigError, match="data.context=96: chunk_size=64 does not divide 96 tokens"
+    ):
         load_config_from_dict({"attention": {"name": "LT_chunked", "chunk_size": 64},
                                "data": {"context": 96}})  # fmt: skip
 

@@ -38,6 +38,11 @@ kernel (``F.scaled_dot_product_attention(dropout_p=...)``); ``jax.nn.dot_product
 and cudnn) and the Pallas kernel have no dropout, so with ``dropout > 0`` the model applies
 nanoGPT's other three dropout sites (embeddings, attention output projection, MLP) and not this one.
 
+Context parallelism (the mesh's ``seq`` axis splits T): ring attention with a fused op per block
+(:mod:`linear_gpt2.attention.flash_context`): ``auto`` and ``cudnn`` take cuDNN blocks on a GPU
+(or a GPU compile target) for bfloat16/float16 without document resets, ``xla`` and ``auto``
+elsewhere take XLA blocks ([T / N, T / N] scores per head and block); ``pallas`` is refused.
+
 Decoding (sampling) uses the KV cache of :func:`linear_gpt2.attention.softmax.make_decoder`:
 one query row per step gains nothing from a fused kernel.
 """
@@ -51,7 +56,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from linear_gpt2.attention import flash_context as _fc
 from linear_gpt2.attention import softmax as _softmax
+from linear_gpt2.attention.context import over_sequence, sequence_shards
 from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
 from linear_gpt2.platform.device import compiling_for_gpu
 from linear_gpt2.platform.errors import DeviceError
@@ -237,9 +244,48 @@ def make(kernel: str = "auto"):
 
     def flash_attention(q, k, v, *, resets=None) -> jax.Array:
         """q, k, v ``[B, T, H, D]`` -> y; ``resets`` bool ``[B, T]``: documents start there."""
+        if sequence_shards() > 1:
+            block = _context_block(kernel, q, resets)
+            return over_sequence(_fc.ring_local(block, sequence_shards()), q, k, v, resets)
         return impl(q, k, v, resets).astype(q.dtype)
 
     return flash_attention
+
+
+def _context_block(kernel: str, q: jax.Array, resets) -> _fc.Block:
+    """The per-block op of the ring (:mod:`flash_context`) for ``kernel``: cuDNN on a GPU (or a
+    GPU compile target) for bfloat16/float16 without document resets, XLA otherwise. An
+    explicit kernel that cannot run is an error; ``auto`` on a GPU warns when it falls back."""
+    if kernel == "pallas":
+        raise NotImplementedError(
+            "flash kernel=pallas does not run under context parallelism (its segment ids are "
+            "one array for queries and keys, which cannot mask a block of one slice's queries "
+            "against another slice's keys); use kernel=cudnn, kernel=auto or kernel=xla"
+        )
+    if kernel == "xla" or (kernel == "auto" and not _on_gpu()):
+        return _fc.XLA
+    problem = None
+    if not _on_gpu():
+        problem = f"needs a CUDA GPU (or a GPU compile target); this is {jax.default_backend()!r}"
+    elif q.dtype not in (jnp.bfloat16, jnp.float16):
+        problem = f"needs bfloat16 or float16 inputs, got {q.dtype}"
+    elif q.shape[-1] % 8 or q.shape[-1] > 256:
+        problem = f"needs a head dim that is a multiple of 8 and at most 256, got {q.shape[-1]}"
+    elif resets is not None:
+        problem = "takes no document resets under context parallelism yet"
+    if problem is None:
+        return _fc.CUDNN
+    if kernel == "cudnn":
+        raise KernelUnavailableError(
+            f"flash kernel=cudnn under context parallelism {problem}; use kernel=xla or "
+            "kernel=auto (falls back to XLA blocks)"
+        )
+    warnings.warn(
+        f"flash under context parallelism: cuDNN {problem}; ring attention with XLA blocks "
+        "([T / N, T / N] scores per head and block)",
+        stacklevel=3,
+    )
+    return _fc.XLA
 
 
 def make_decoder(kernel: str = "auto") -> Decoder:
@@ -258,5 +304,6 @@ SPEC = AttentionSpec(
     kernels=KERNELS,
     make_decoder=make_decoder,
     resets=True,
+    context_parallel=True,
     description="fused softmax: cuDNN on GPU, XLA, or JAX's Pallas flash kernel",
 )

@@ -37,14 +37,17 @@ decoder (:func:`make_decoder`) are shared by every linear variant: they compute 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
+from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
 from linear_gpt2.attention.spec import AttentionSpec, Decoder
 from linear_gpt2.kernels import normalise
+from linear_gpt2.kernels.context import entering_state, entering_weights, slice_state
 from linear_gpt2.kernels.forget import Forget, as_forget, causal_mask, segment_ids
 from linear_gpt2.kernels.lt_chunked import FUSED
 from linear_gpt2.kernels.lt_chunked import NAMES as PALLAS_CHUNKED
@@ -102,14 +105,33 @@ def attention_fn(
     """``fn(q, k, v, *, resets=None, log_gate=None) -> y`` (q, k, v, y ``[B, T, H, D]``) for a
     pure-JAX variant: phi on q and k, the variant's ``algorithm(phi(q), phi(k), v, forget) ->
     (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or None), then
-    ``num / (den + eps)``. Options are checked here, when the function is made."""
+    ``num / (den + eps)``. Options are checked here, when the function is made.
+
+    Under context parallelism (the sequence split over the mesh's ``seq`` axis) each device runs
+    ``algorithm`` on its slice from a zero state and adds what the earlier slices leave: the
+    entering state ``(S_in, z_in)`` (``kernels/context.py``) weighted at position i by its decay
+    so far, ``w_i phi(q_i) S_in`` to the numerator and ``w_i phi(q_i) . z_in`` to the
+    denominator. Every such form takes it at the cost of one gather of [D, D] states."""
     phi = check_feature_map(feature_map)
     kernels.check_kernel(kernel, variant)
 
-    def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
+    def attend(q, k, v, resets=None, log_gate=None, context_parallel: bool = False) -> jax.Array:
         fq, fk = features(q, k, phi)
         num, den = algorithm(fq, fk, v, as_forget(log_gate, resets))
+        if context_parallel:
+            S_in, z_in = entering_state(*slice_state(fk, v, log_gate, resets), SEQ)
+            w = entering_weights(log_gate, resets, fq.shape[:3])
+            num = num + w[..., None] * jnp.einsum(
+                "bthd,bhde->bthe", fq, S_in.astype(fq.dtype), preferred_element_type=F32
+            )
+            den = den + w * jnp.einsum("bthd,bhd->bth", fq.astype(F32), z_in)
         return normalise(num, den, eps, q.dtype)
+
+    def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
+        if sequence_shards() > 1:
+            local = partial(attend, context_parallel=True)
+            return over_sequence(local, q, k, v, resets, log_gate)
+        return attend(q, k, v, resets, log_gate)
 
     fn.__doc__ = (
         f"Causal linear attention ({variant}). q, k, v ``[B, T, H, D]`` -> same; optional "
@@ -126,7 +148,7 @@ def spec(name: str, make: Callable[..., Any], flops: Callable[..., float], **fie
     fields.setdefault("options", ("feature_map", "kernel", "eps"))
     return AttentionSpec(
         name=name, family="linear", make=make, flops=flops, make_decoder=make_decoder,
-        resets=True, decay=True, stats=layer_stats, **fields,
+        resets=True, decay=True, stats=layer_stats, **{"context_parallel": True, **fields},
     )  # fmt: skip
 
 

@@ -149,6 +149,7 @@ def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
 
 SPEC = AttentionSpec(
     name="LT_attention_parallel",
+    context_parallel=False,
     family="linear",
     make=make,
     flops=quadratic_flops,

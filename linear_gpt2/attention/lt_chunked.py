@@ -22,6 +22,7 @@ are ``...lt_chunked.ops``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import jax
@@ -29,6 +30,8 @@ import jax.numpy as jnp
 
 from linear_gpt2 import kernels
 from linear_gpt2.attention import autotune, linear
+from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
+from linear_gpt2.kernels.context import entering_state, slice_state
 from linear_gpt2.kernels.lt_chunked import FUSED, NAMES
 from linear_gpt2.kernels.lt_chunked.naive import chunked_linear_attention
 
@@ -94,10 +97,23 @@ def make(
 
     def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
         """Causal linear attention by chunks. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``;
-        the chunk size must divide T; optional ``resets`` / ``log_gate``."""
+        the chunk size must divide T (each device's slice of it under context parallelism);
+        optional ``resets`` / ``log_gate``."""
+        if sequence_shards() > 1:
+            return over_sequence(partial(attend, context_parallel=True), q, k, v, resets, log_gate)
+        return attend(q, k, v, resets, log_gate)
+
+    def attend(q, k, v, resets, log_gate, context_parallel: bool = False) -> jax.Array:
+        """The positions in hand (the whole sequence, or this device's slice of it starting from
+        the state the earlier slices leave, ``kernels/context.py``)."""
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
         impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size, q.shape[-1])
+        if impl == "triton" and context_parallel:
+            raise NotImplementedError(
+                "LT_chunked kernel=triton takes no initial state, so not context parallelism; "
+                "use kernel=pallas or kernel=auto"
+            )
         if forget is not None and impl in (FUSED, "triton"):  # the single passes do not forget
             impl = kernels.forget_fallback(kernel, impl, "LT_chunked")
         c = chunk_size
@@ -107,17 +123,23 @@ def make(
             )
         check_chunk_size(q.shape[1], c)
         fq, fk = linear.features(q, k, phi)
-        if impl != "xla" and forget is not None:  # the chunk-parallel kernels forget
+        state = None
+        if context_parallel:
+            G, S, z = slice_state(fk, v, log_gate, resets)
+            state = entering_state(G, S, z, SEQ)
+        if impl != "xla" and (forget is not None or state is not None):
+            # The chunk-parallel kernels forget and start from a state.
             from linear_gpt2.kernels.lt_chunked import ops  # Pallas: only when picked
 
             y = ops.chunked_attention(
-                fq, fk, v.astype(q.dtype), c, eps, kernel=impl, log_gate=forget.log_gate,
-                resets=forget.resets,
+                fq, fk, v.astype(q.dtype), c, eps, kernel=impl, initial_state=state,
+                log_gate=None if forget is None else forget.log_gate,
+                resets=None if forget is None else forget.resets,
             )  # fmt: skip
             return y.astype(q.dtype)
         if impl != "xla":
             return _fused(impl)(fq, fk, v.astype(q.dtype), c, eps).astype(q.dtype)
-        (num, den), _ = chunked_linear_attention(fq, fk, v, c, forget=forget)
+        (num, den), _ = chunked_linear_attention(fq, fk, v, c, state=state, forget=forget)
         return linear.normalise(num, den, eps, q.dtype)
 
     return fn
@@ -136,10 +158,7 @@ def _context_problem(T: int, options: Mapping[str, Any]) -> str | None:
     if c == "auto" or T % int(c) == 0:
         return None
     divisor = max(d for d in range(1, min(T, int(c)) + 1) if T % d == 0)
-    return (
-        f"chunk_size={c} does not divide data.context={T}; choose a divisor of the context "
-        f"(e.g. {divisor})"
-    )
+    return f"chunk_size={c} does not divide {T} tokens; choose a divisor of {T} (e.g. {divisor})"
 
 
 def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
@@ -171,5 +190,6 @@ SPEC = linear.spec(
     context_problem=_context_problem,
     kernel_design=_kernel_design,
     sweep_chunk_size=True,
+    context_parallel=True,
     description="states at chunk boundaries, attention inside chunks",
 )

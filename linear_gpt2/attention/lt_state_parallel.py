@@ -32,6 +32,7 @@ from jax import lax
 from linear_gpt2.attention import linear
 from linear_gpt2.attention.options import SCANS
 from linear_gpt2.attention.spec import state_flops
+from linear_gpt2.kernels.forget import decayed_scan
 
 F32 = jnp.float32
 
@@ -47,11 +48,7 @@ def _decayed_prefix(g: jax.Array, P: jax.Array, p: jax.Array):
     """S_i = g_i S_{i-1} + P_i and z_i = g_i z_{i-1} + p_i from zero, along axis 1, in log
     depth. g ``[B, T, H]``, P ``[B, T, H, D, D]``, p ``[B, T, H, D]``."""
 
-    def combine(a, b):
-        (ga, Pa, pa), (gb, Pb, pb) = a, b
-        return ga * gb, gb[..., None, None] * Pa + Pb, gb[..., None] * pa + pb
-
-    _, S, z = lax.associative_scan(combine, (g, P, p), axis=1)
+    _, S, z = decayed_scan(g, P, p, axis=1)
     return S, z
 
 

@@ -114,16 +114,40 @@ def validate(
 
 
 def validate_context(
-    name: str, context: int, options: Mapping[str, Any], prefix: str = "attention."
+    name: str,
+    context: int,
+    options: Mapping[str, Any],
+    prefix: str = "attention.",
+    context_parallel: int = 1,
 ) -> None:
     """Raise :class:`ConfigError` if attention ``name`` with ``options`` (shared and own) cannot
-    run sequences of ``context`` tokens (``AttentionSpec.context_problem``)."""
+    run sequences of ``context`` tokens (``AttentionSpec.context_problem``), or, with the
+    sequence split into ``context_parallel`` slices (``train.context_parallel``), if it does not
+    take context parallelism or a slice does not suit it."""
     spec = registry.spec(name)
+    n = context_parallel
+    if n > 1 and not spec.context_parallel:
+        takes = ", ".join(registry.names_where(lambda s: s.context_parallel))
+        raise ConfigError(
+            f"train.context_parallel={n}: attention {name!r} does not split the sequence over "
+            f"devices; those that do: {takes}; use one of them, or train.context_parallel=1"
+        )
+    if n > 1 and context % n:
+        raise ConfigError(
+            f"train.context_parallel={n} does not divide data.context={context} into equal "
+            f"slices; use a context that {n} divides (e.g. {context // n * n or n})"
+        )
     if spec.context_problem is None:
         return
-    problem = spec.context_problem(context, kwargs_for(spec, options))
+    tokens = context // n
+    problem = spec.context_problem(tokens, kwargs_for(spec, options))
     if problem:
-        raise ConfigError(f"{prefix}{_first_option(problem, spec)}: {problem}")
+        where = (
+            f"data.context={context}"
+            if n == 1
+            else f"each device's slice (data.context={context} / train.context_parallel={n})"
+        )
+        raise ConfigError(f"{prefix}{_first_option(problem, spec)}: {where}: {problem}")
 
 
 def _first_option(err: ValueError | str, spec) -> str:

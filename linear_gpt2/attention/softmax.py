@@ -18,7 +18,7 @@ from jax import lax
 from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
 
 
-def _masked_softmax_attention(
+def masked_softmax_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
@@ -70,7 +70,7 @@ def softmax_attention(
     """
     T = q.shape[1]
     mask = jnp.tril(jnp.ones((T, T), dtype=bool)) if resets is None else document_mask(resets)
-    return _masked_softmax_attention(
+    return masked_softmax_attention(
         q, k, v, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng
     )
 
@@ -150,7 +150,7 @@ def _kv_prefill(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array, *, res
     # own document.
     mask = jnp.arange(max_len)[None, :] <= pos + jnp.arange(T)[:, None]
     mask = mask[None, None] & (seg_cache[:, None, None, :] == seg[:, None, :, None])
-    y = _masked_softmax_attention(q, k_cache, v_cache, mask)
+    y = masked_softmax_attention(q, k_cache, v_cache, mask)
     new_pos = pos + T
     y = jnp.where(new_pos <= max_len, y, jnp.nan)
     return y, (k_cache, v_cache, new_pos, seg_cache)

@@ -83,6 +83,8 @@ class AttentionSpec:
       at ``shape`` ``[B, T, H, D]`` (what benchmarks record), or None.
     - ``sweep_chunk_size``: the step-time benchmark times every candidate ``chunk_size`` and
       keeps the fastest (the post picked ``LT_chunked``'s per setting).
+    - ``context_parallel``: ``fn`` takes the sequence split over the mesh's ``seq`` axis
+      (``train.context_parallel``; ``attention/context.py``).
     - ``description``: one line for listings.
     """
 
@@ -102,6 +104,7 @@ class AttentionSpec:
     stats: Callable[..., dict[str, jax.Array]] | None = None
     kernel_design: Callable[..., str] | None = None
     sweep_chunk_size: bool = False
+    context_parallel: bool = False
     description: str = ""
 
     def __post_init__(self) -> None:

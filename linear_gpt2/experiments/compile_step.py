@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import attention
+from linear_gpt2.experiments import collectives
 from linear_gpt2.platform.target import (
     DEFAULT,
     CompileReport,
@@ -34,9 +35,10 @@ from linear_gpt2.training.sharding import make_mesh
 from linear_gpt2.training.train_step import jit_train_step
 
 
-def mesh(target: str | Target = DEFAULT):
-    """The trainer's mesh over the target's (compile-only) devices."""
-    return make_mesh(list(devices(get(target).name)))
+def mesh(target: str | Target = DEFAULT, context_parallel: int = 1):
+    """The trainer's mesh over the target's (compile-only) devices: ``(data,)``, or ``(data,
+    seq)`` with the sequence split over ``context_parallel`` of them."""
+    return make_mesh(list(devices(get(target).name)), context_parallel)
 
 
 def compile_attention(
@@ -113,6 +115,10 @@ class StepReport:
     accum: int
     batch: int  # global sequences per micro-step
     context: int
+    context_parallel: int = 1
+    # Per kind and mesh axis, what the step's collectives send per device (``collectives``);
+    # empty on a one-device target.
+    collectives: list[dict] = dataclasses.field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -129,6 +135,8 @@ class StepReport:
             "accum": self.accum,
             "batch": self.batch,
             "context": self.context,
+            "context_parallel": self.context_parallel,
+            "collectives": self.collectives,
             "tried": [(name, m.total) for name, m in self.plan.tried],
         }
 
@@ -145,32 +153,40 @@ def compile_train_step(
     fail_on_spill: bool = False,
     budget_bytes: int | None = None,
     start_rung: int = 0,
+    context_parallel: int = 1,
 ) -> StepReport:
     """Compile the trainer's step (``train_step.jit_train_step``: clip + AdamW, state donated)
     for ``cfg`` (a ``ModelConfig``) on ``target``: ``accum`` micro-steps of ``batch`` sequences
     (global, split over the target's devices) of ``context`` tokens (default ``block_size``).
     ``remat`` / ``loss_chunk`` ``auto`` are resolved by ``memory_plan.plan`` against the target's
-    budget (or ``budget_bytes``); the report is that of the chosen setting."""
+    budget (or ``budget_bytes``); the report is that of the chosen setting. ``context_parallel``
+    splits each sequence over that many devices (``train.context_parallel``): the memory
+    reported is then one device's, holding ``context / context_parallel`` positions."""
     t = get(target)
     budget = t.budget_bytes if budget_bytes is None else budget_bytes
     tx = optimizer(TrainConfig())
     reports: dict[Any, CompileReport] = {}
+    sent: dict[Any, list[dict]] = {}
 
     def compile_candidate(c):
         program = jit_train_step(
-            c, tx, mesh(t), accum=accum, batch=batch, context=context, fsdp=fsdp
-        )
+            c, tx, mesh(t, context_parallel), accum=accum, batch=batch, context=context,
+            fsdp=fsdp,
+        )  # fmt: skip
         what = f"{c.attention} step, {c.n_layer}L {c.n_embd}C, context {context or c.block_size}"
-        report = compile_program(
+        report, compiled = compile_program(
             program.step,
             program.args,
             t,
             kernels=kernels,
             fail_on_spill=fail_on_spill,
             what=f"{what} ({memory_plan.label(c)})",
+            keep_executable=True,
         )
         assert isinstance(report, CompileReport)
         reports[c] = report
+        if t.n_devices > 1:
+            sent[c] = collectives.summary(collectives.collectives(compiled.as_text(), t.n_devices))
         return report.memory, None
 
     chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung)
@@ -188,6 +204,8 @@ def compile_train_step(
         accum,
         batch,
         context or cfg.block_size,
+        context_parallel,
+        sent.get(chosen.config, []),
     )
 
 
@@ -205,14 +223,17 @@ def largest_context(
     hi: int = 2**21,
     budget_bytes: int | None = None,
     on_report: Callable[[int, StepReport], None] | None = None,
+    context_parallel: int = 1,
 ) -> tuple[int | None, dict[int, StepReport]]:
     """The largest power-of-two context in [lo, hi] whose step fits (memory settings as in
     ``cfg``, ``auto`` resolved), by bisection over the exponents (fitting is monotone in the
-    context). Returns it (None if even ``lo`` does not fit) and the reports compiled."""
+    context), each sequence split over ``context_parallel`` devices. Returns it (None if even
+    ``lo`` does not fit) and the reports compiled."""
     reports: dict[int, StepReport] = {}
 
     def fits(T: int) -> bool:
-        r = compile_train_step(with_context(cfg, T), target, batch=batch, budget_bytes=budget_bytes)
+        r = compile_train_step(with_context(cfg, T), target, batch=batch, budget_bytes=budget_bytes,
+                               context_parallel=context_parallel)  # fmt: skip
         reports[T] = r
         if on_report:
             on_report(T, r)
@@ -239,6 +260,7 @@ def compile_config(
     kernels: bool = False,
     fail_on_spill: bool = False,
     budget_bytes: int | None = None,
+    start_rung: int = 0,
 ) -> StepReport:
     """Compile the step a run config (``config.Config``) trains with on ``target``'s devices:
     ``train.tokens_per_update`` split into micro-batches over the devices as the trainer does
@@ -247,8 +269,9 @@ def compile_config(
     if batch is not None:
         accum, global_batch = 1, batch
     else:
-        bp = plan_batches(cfg, t.n_devices, 1)
-        accum, global_batch = bp.accum, bp.micro_batch * bp.devices
+        hosts = int(t.topology.split("x")[1])
+        bp = plan_batches(cfg, t.n_devices, hosts)
+        accum, global_batch = bp.accum, bp.global_micro_batch
     return compile_train_step(
         cfg.model_config,
         t,
@@ -259,4 +282,6 @@ def compile_config(
         kernels=kernels,
         fail_on_spill=fail_on_spill,
         budget_bytes=budget_bytes,
+        start_rung=start_rung,
+        context_parallel=cfg.train.context_parallel,
     )

@@ -33,6 +33,9 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from linear_gpt2.platform.mesh import DATA, SEQ, sequence_shards
 
 F32 = jnp.float32
 IGNORE_INDEX = -1
@@ -133,7 +136,36 @@ def head_cross_entropy(
     """
     if chunk < 1:
         raise ValueError(f"loss chunk must be >= 1 token, got {chunk}")
+    if sequence_shards() > 1 and x.ndim == 3:
+        return _over_devices(x, w, targets, chunk, jnp.dtype(dtype).name)
+    return _local(x, w, targets, chunk, jnp.dtype(dtype).name)
+
+
+def _local(x, w, targets, chunk: int, dtype: str) -> jax.Array:
     C = x.shape[-1]
     x2, t2 = x.reshape(-1, C), targets.reshape(-1)
     chunk = min(chunk, x2.shape[0])
-    return _head_cross_entropy(x2.astype(F32), w.astype(F32), t2, chunk, jnp.dtype(dtype).name)
+    return _head_cross_entropy(x2.astype(F32), w.astype(F32), t2, chunk, dtype)
+
+
+def _over_devices(x, w, targets, chunk: int, dtype: str) -> jax.Array:
+    """The chunked loss of x ``[B, T, C]`` split over the mesh's ``data`` and ``seq`` axes
+    (context parallelism), each device walking its own rows and slice. The chunk scan must not
+    see the sharded token axis: slicing it chunk by chunk made XLA gather the whole sequence's
+    hidden states at every step. Per device the mean of its counted tokens, weighted back into
+    sums and combined over the mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(a for a in (DATA, SEQ) if a in mesh.axis_names)
+    split = P(DATA if DATA in axes else None, SEQ)
+
+    def body(x, w, t):
+        counted = (t != IGNORE_INDEX).sum().astype(F32)
+        mean = _local(x, w, t, chunk, dtype)  # 0 where nothing is counted
+        total = jax.lax.psum(mean * jnp.maximum(counted, 1.0), axes)
+        return total / jnp.maximum(jax.lax.psum(counted, axes), 1.0)
+
+    run = jax.shard_map(
+        body, mesh=mesh, in_specs=(split, P(), split), out_specs=P(), axis_names=set(axes),
+        check_vma=False,
+    )  # fmt: skip
+    return run(x, w, targets)

@@ -128,6 +128,13 @@ TARGETS: dict[str, Target] = {
             "1x1x8",
             72 * GiB,
         ),  # fmt: skip
+        Target(
+            "h100x16",
+            "two nodes of 8 NVIDIA H100 SXM 80 GB (multi-node context parallelism)",
+            "h100_sxm.txtpb",
+            "1x2x8",
+            72 * GiB,
+        ),  # fmt: skip
     )
 }
 DEFAULT = "h100"

@@ -27,6 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from linear_gpt2.platform.errors import CheckpointError, PathNotFoundError, UsageError
+from linear_gpt2.training.batches import plan_batches
 from linear_gpt2.training.checkpoint_files import (
     DAMAGED,
     MANIFEST,
@@ -40,6 +41,12 @@ from linear_gpt2.training.checkpoint_files import (
 )
 from linear_gpt2.training.config import CheckpointConfig, Config, diff, load_config_from_dict
 
+
+def _loader_shards(config: Config) -> int:
+    """How many row shards this launch's processes read the data in (``BatchPlan.loader_count``)."""
+    return plan_batches(config, jax.device_count(), jax.process_count()).loader_count
+
+
 # Keys that may change between a run and its resumption: logging, budgets, and implementation
 # choices that do not change the function computed (kernel, chunk size, micro-batch split).
 MUTABLE_PREFIXES = (
@@ -50,6 +57,7 @@ MUTABLE_PREFIXES = (
     "train.micro_batch",
     "train.on_nan",
     "train.fsdp",
+    "train.context_parallel",
     "attention.kernel",
     "attention.chunk_size",
     "model.remat",
@@ -149,6 +157,14 @@ class Checkpointer:
                 f"checkpoint {self.directory / str(step)} was saved by {processes} process(es), "
                 f"this run has {jax.process_count()}; the data order resumes only with the same "
                 "number of hosts: launch as many, or start a new run (another log.name)"
+            )
+        shards = int(meta.get("loader_shards", processes))
+        if config is not None and processes > 1 and shards != _loader_shards(config):
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.directory / str(step)} was saved with the data read in "
+                f"{shards} shards, this layout reads {_loader_shards(config)} (processes "
+                "sharing sequences under train.context_parallel read the same rows); resume with "
+                "the checkpoint's train.context_parallel, or start a new run (another log.name)"
             )
         for p in range(processes):
             path = self.loader_state_path(step, p)

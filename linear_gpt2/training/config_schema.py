@@ -155,12 +155,15 @@ class TrainConfig:
     grad_clip: float = 1.0
     on_nan: str = "stop"  # stop | skip
     fsdp: bool = False
+    # Devices each sequence is split over along T (the mesh's ``seq`` axis; attention/context.py):
+    # 1 keeps whole sequences per device.
+    context_parallel: int = 1
     # Stop once the held-out accuracy (log.eval_accuracy) reaches this, as Zoology and ReBased
     # stop their MQAR runs at 0.99; null trains for max_steps.
     target_val_acc: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tokens_per_update", "micro_batch", "max_steps"):
+        for name in ("tokens_per_update", "micro_batch", "max_steps", "context_parallel"):
             _check(
                 getattr(self, name) >= 1,
                 f"train.{name}",
@@ -299,7 +302,10 @@ class Config:
             f"lower data.context or raise model.block_size",
         )
         attention.validate_context(
-            self.attention.name, self.data.context, self.model_config.attention_options()
+            self.attention.name,
+            self.data.context,
+            self.model_config.attention_options(),
+            context_parallel=self.train.context_parallel,
         )
 
     @property

@@ -159,10 +159,16 @@ class StepLoop:
     def _to_global(self, batch: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
         """(inputs, targets[, segments]) as global ``[accum, micro, T]`` arrays."""
         plan = self.plan
-        shape = (plan.accum, plan.local_sequences // plan.accum, self.cfg.data.context)
+        T = self.cfg.data.context
+        shape = (plan.accum, plan.local_sequences // plan.accum, T)
+        whole = (plan.accum, plan.global_micro_batch, T)
+        part = plan.local_positions(T)  # all of T unless a sequence spans processes
         keys = ("inputs", "targets") + (("segments",) if self.cfg.attention.doc_reset else ())
         mesh = self.layout.mesh
-        return tuple(global_batch(batch[k].astype(np.int32).reshape(shape), mesh, 1) for k in keys)
+        return tuple(
+            global_batch(batch[k].astype(np.int32).reshape(shape)[..., part], mesh, 1, whole)
+            for k in keys
+        )
 
     def _update(self, arrays: tuple[jax.Array, ...]) -> tuple[dict[str, Any], float]:
         """The training step on one update's arrays: ``(metrics on the host, seconds)``."""
@@ -247,6 +253,7 @@ class StepLoop:
             "config": self.cfg.to_dict(),
             "step": at,
             "processes": jax.process_count(),
+            "loader_shards": self.plan.loader_count,
             "hours": self.hours(),
         }
         self.checkpointer.save(

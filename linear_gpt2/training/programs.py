@@ -26,7 +26,7 @@ from linear_gpt2.training.batches import BatchPlan
 from linear_gpt2.training.config import Config
 from linear_gpt2.training.logger import RunLogger
 from linear_gpt2.training.memory_plan import device_budget
-from linear_gpt2.training.sharding import batch_sharding
+from linear_gpt2.training.sharding import batch_sharding, traced_on
 from linear_gpt2.training.train_step import TrainState, jit_train_step, make_eval_step
 
 
@@ -61,7 +61,7 @@ def build_programs(
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
     train_step, model_cfg = planned_train_step(cfg, model_cfg, tx, mesh, plan, log)
     eval_step = jax.jit(
-        make_eval_step(model_cfg, accuracy=cfg.log.eval_accuracy),
+        traced_on(mesh, make_eval_step(model_cfg, accuracy=cfg.log.eval_accuracy)),
         in_shardings=(
             param_shardings,
             batch3,
@@ -69,7 +69,7 @@ def build_programs(
             *((batch3,) if cfg.attention.doc_reset else ()),
         ),
     )
-    diagnose = diagnostics_fn(model_cfg) if cfg.log.diagnostics else None
+    diagnose = diagnostics_fn(model_cfg, mesh) if cfg.log.diagnostics else None
     return Programs(train_step, eval_step, diagnose, model_cfg)
 
 
@@ -90,7 +90,7 @@ def planned_train_step(
             tx,
             mesh,
             accum=plan.accum,
-            batch=plan.micro_batch * plan.devices,
+            batch=plan.global_micro_batch,
             context=cfg.data.context,
             fsdp=cfg.train.fsdp,
             skip_nonfinite=cfg.train.on_nan == "skip",
@@ -116,7 +116,7 @@ def planned_train_step(
     return step, chosen.config
 
 
-def diagnostics_fn(model_cfg: ModelConfig):
+def diagnostics_fn(model_cfg: ModelConfig, mesh: jax.sharding.Mesh):
     """The jitted per-layer statistics (``log.diagnostics``) of the step's first micro-batch:
     ``(params, inputs[, segments]) -> {name: [n_layer]}``; a program of its own, so the training
     step is compiled exactly as without diagnostics."""
@@ -125,7 +125,7 @@ def diagnostics_fn(model_cfg: ModelConfig):
         seg = None if segments is None else segments[0]
         return model_diagnostics(params, inputs[0], model_cfg, segment_ids=seg)
 
-    return jax.jit(stats)
+    return jax.jit(traced_on(mesh, stats))
 
 
 def evaluate(
@@ -143,8 +143,8 @@ def evaluate(
         cfg.data,
         "validation",
         plan.local_sequences,
-        jax.process_index(),
-        jax.process_count(),
+        plan.loader_index,
+        plan.loader_count,
         segments=cfg.attention.doc_reset,
     )
     losses, hits, counted = [], 0, 0

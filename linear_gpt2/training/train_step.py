@@ -17,7 +17,7 @@ import optax
 
 from linear_gpt2.model import correct, init_params, loss_fn
 from linear_gpt2.model.config import ModelConfig
-from linear_gpt2.training.sharding import batch_sharding, replicated, state_shardings
+from linear_gpt2.training.sharding import batch_sharding, replicated, state_shardings, traced_on
 
 
 class TrainState(NamedTuple):
@@ -123,7 +123,7 @@ def jit_train_step(
     # With doc_reset the step takes the document ids as a fifth argument, sharded as the tokens.
     extra = (batch3,) if model_cfg.doc_reset else ()
     step = jax.jit(
-        make_train_step(model_cfg, tx, skip_nonfinite),
+        traced_on(mesh, make_train_step(model_cfg, tx, skip_nonfinite)),
         in_shardings=(sh, batch3, batch3, replicated(mesh), *extra),
         out_shardings=(sh, replicated(mesh)),
         donate_argnums=(0,),

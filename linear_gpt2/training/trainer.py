@@ -108,8 +108,8 @@ def train(cfg: Config) -> RunResult:
 def _lay_out(cfg: Config) -> Layout:
     """The run's layout over every device of every process; refuses (``ConfigError``) a
     ``tokens_per_update`` that does not split into micro-batches on them."""
-    mesh = make_mesh()
-    plan = plan_batches(cfg, mesh.devices.size, jax.process_count())
+    mesh = make_mesh(context_parallel=cfg.train.context_parallel)
+    plan = plan_batches(cfg, mesh.devices.size, jax.process_count(), jax.process_index())
     model_cfg = cfg.model_config
     tx = optimizer(cfg.train)
     abstract_params = jax.eval_shape(lambda: init_params(model_cfg, cfg.seed))
@@ -137,8 +137,8 @@ def _open(cfg: Config, layout: Layout, is_main: bool) -> Start:
         cfg.data,
         "train",
         plan.local_sequences,
-        jax.process_index(),
-        jax.process_count(),
+        plan.loader_index,
+        plan.loader_count,
         segments=cfg.attention.doc_reset,
     )
     found = None

@@ -10,6 +10,7 @@ results, and import no JAX. Writers (``scripts/``, ``benchmarks/``) write raw fi
 
 from linear_gpt2.experiments.reports import (  # noqa: F401  (each module registers its renderers)
     attention,
+    context_parallel,
     cpu,
     gpu_check,
     index,

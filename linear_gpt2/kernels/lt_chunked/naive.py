@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2.kernels import normalise
-from linear_gpt2.kernels.forget import Forget, causal_mask
+from linear_gpt2.kernels.forget import Forget, causal_mask, decayed_scan
 
 F32 = jnp.float32
 
@@ -120,11 +120,7 @@ def _chunked_forget(fq, fk, v, c, state, forget: Forget):
     P = jnp.einsum("bnchd,bnche->bnhde", wk, v, preferred_element_type=F32)
     p = (fk.astype(F32) * out[..., None]).sum(axis=2)  # [B, N, H, D]
 
-    def combine(x, y):
-        (gx, Px, px), (gy, Py, py) = x, y
-        return gx * gy, gy[..., None, None] * Px + Py, gy[..., None] * px + py
-
-    G, Q, q = jax.lax.associative_scan(combine, (carry, P, p), axis=1)
+    G, Q, q = decayed_scan(carry, P, p, axis=1)
     S_after = G[..., None, None] * S0[:, None] + Q  # [B, N, H, D, D]
     z_after = G[..., None] * z0[:, None] + q
     S = jnp.concatenate([S0[:, None], S_after[:, :-1]], axis=1)  # state entering each chunk

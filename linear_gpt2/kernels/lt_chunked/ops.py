@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
+from linear_gpt2.kernels.forget import cumprod, decayed_scan
 from linear_gpt2.kernels.lt_chunked import (
     CHUNK,
     FUSED,
@@ -160,18 +161,12 @@ def chunk_factors(b, s, c: int, G: int):
     s_last = s.reshape(B, N, c)[:, None, :, -1]  # [B, 1, N]
     carry = jnp.where(s_last == 0, jnp.exp(jnp.minimum(b_last, 0.0)), 0.0)
     seg = carry.reshape(B, H, G, L)
-    incl = jnp.cumprod(seg, axis=-1)
+    incl = cumprod(seg, axis=-1)
     ones = jnp.ones_like(seg[..., :1])
     decay = jnp.concatenate([ones, incl[..., :-1]], axis=-1).reshape(B, H, N)
-    rincl = jnp.flip(jnp.cumprod(jnp.flip(seg, -1), axis=-1), -1)
+    rincl = cumprod(seg, axis=-1, reverse=True)
     rdecay = jnp.concatenate([rincl[..., 1:], ones], axis=-1).reshape(B, H, N)
     return carry, decay, rdecay, incl[..., -1]
-
-
-def _combine(x, y):
-    """Composition of two affine state maps S -> g S + P (x first, then y)."""
-    (gx, Px, px), (gy, Py, py) = x, y
-    return gx * gy, gy[..., None, None] * Px + Py, gy[..., None] * px + py
 
 
 def _decayed_bases(ht, zt, total, state, need_final: bool):
@@ -183,7 +178,7 @@ def _decayed_bases(ht, zt, total, state, need_final: bool):
             return None, ((ht[:, :, 0], zt[:, :, 0]) if need_final else None)
         state = (jnp.zeros_like(ht[:, :, 0]), jnp.zeros_like(zt[:, :, 0]))
     S0, z0 = state
-    Gp, Q, q = jax.lax.associative_scan(_combine, (total, ht, zt), axis=2)
+    Gp, Q, q = decayed_scan(total, ht, zt, axis=2)
     S_after = Gp[..., None, None] * S0[:, :, None] + Q
     z_after = Gp[..., None] * z0[:, :, None] + q
     base = (
@@ -202,10 +197,9 @@ def _decayed_dbases(dht, dzt, total, final_ct, need_initial: bool):
             return None, ((dht[:, :, 0], dzt[:, :, 0]) if need_initial else None)
         final_ct = (jnp.zeros_like(dht[:, :, 0]), jnp.zeros_like(dzt[:, :, 0]))
     dSf, dzf = final_ct
-    flip = partial(jnp.flip, axis=2)
-    Gp, Q, q = jax.lax.associative_scan(_combine, (flip(total), flip(dht), flip(dzt)), axis=2)
-    dS_in = flip(Gp[..., None, None] * dSf[:, :, None] + Q)
-    dz_in = flip(Gp[..., None] * dzf[:, :, None] + q)
+    Gp, Q, q = decayed_scan(total, dht, dzt, axis=2, reverse=True)
+    dS_in = Gp[..., None, None] * dSf[:, :, None] + Q
+    dz_in = Gp[..., None] * dzf[:, :, None] + q
     dbase = (
         jnp.concatenate([dS_in[:, :, 1:], dSf[:, :, None]], axis=2),
         jnp.concatenate([dz_in[:, :, 1:], dzf[:, :, None]], axis=2),

@@ -1,0 +1,270 @@
+"""``flash`` under context parallelism: ring attention over the mesh's ``seq`` axis with a fused
+kernel per block and the log-sum-exp rule between blocks.
+
+Device r holds the r-th contiguous slice of the sequence, queries, keys and values ``[B, S, H,
+D]`` (S = T / N). Its queries attend to its own slice causally (the diagonal block) and to every
+earlier slice in full (cross blocks); the keys and values of the earlier slices come round the
+ring (``lax.ppermute`` to the next device, N - 1 steps), so a device holds two slices of keys
+and values at a time, never the whole sequence. Each block is one fused-attention call that
+returns its output and its per-row log-sum-exp (``lse``, natural log of the sum of exp of the
+scaled scores, ``[B, H, S]`` float32); blocks combine by
+
+    lse = logaddexp(lse_a, lse_b),   o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse),
+
+and a block whose every key is masked for a row has lse = -inf and o = 0 there, which the rule
+absorbs (the diagonal block always holds the row's own key, so the combined lse is finite).
+
+Documents (``resets``): global segment ids (a running count of document starts: the slice's own
+cumulative count plus the starts of every earlier slice) travel with the keys, and a block masks
+query i against key j unless their ids agree (and j <= i on the diagonal). A document spanning a
+slice boundary is seen by the cross block; one starting exactly on it is not.
+
+The backward (``jax.custom_vjp``) keeps only the slice's q, k, v, segment ids, the combined
+output and its lse: no gathered keys, no ``[S, T]`` scores. It goes round the ring again; each
+block recomputes its probabilities from the combined lse (exp(s - lse)), adds its dq locally, and
+adds its dk, dv to accumulators that travel with the keys and values and are sent home after the
+last step.
+
+Per-block ops (:class:`Block`): ``xla`` (any backend, the oracle: the block's ``[S, S]`` scores
+materialised, masks from positions and segment ids) and ``cudnn`` (cuDNN's fused attention
+through JAX's internals, which return the lse and take the combined output and lse in their
+backward: causal for the diagonal, unmasked for the cross blocks, bfloat16/float16 only, no
+document resets yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from linear_gpt2.platform.mesh import SEQ
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One block's fused attention. ``fwd(q, k, v, seg_q, seg_k, causal) -> (o, lse)``: q
+    ``[B, Sq, H, D]``, k, v ``[B, Sk, H, D]``, seg ``int32 [B, S*]`` or None, ``o`` float32 ``[B,
+    Sq, H, D]``, ``lse`` float32 ``[B, H, Sq]``. ``bwd(q, k, v, seg_q, seg_k, causal, o, lse,
+    do) -> (dq, dk, dv)`` float32, with the combined ``o`` and ``lse`` of every block of the
+    rows (the probabilities are exp(s - lse))."""
+
+    name: str
+    fwd: Callable
+    bwd: Callable
+
+
+# --------------------------------------------------------------------------------------------
+# The XLA block (any backend; the oracle of the fused ones)
+
+
+def block_mask(Sq: int, Sk: int, seg_q, seg_k, causal: bool):
+    """bool ``[B or 1, Sq, Sk]``, or None when nothing is masked."""
+    mask = None
+    if causal:
+        mask = (jnp.arange(Sk)[None, :] <= jnp.arange(Sq)[:, None])[None]
+    if seg_q is not None:
+        same = seg_q[:, :, None] == seg_k[:, None, :]
+        mask = same if mask is None else mask & same
+    return mask
+
+
+def _scores(q, k, mask):
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    s = s * (1.0 / math.sqrt(q.shape[-1]))
+    return s if mask is None else jnp.where(mask[:, None], s, -jnp.inf)
+
+
+def xla_fwd(q, k, v, seg_q, seg_k, causal):
+    s = _scores(q, k, block_mask(q.shape[1], k.shape[1], seg_q, seg_k, causal))
+    m = jnp.max(s, axis=-1)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # a wholly masked row: exp(-inf - 0) = 0, no NaN
+    p = jnp.exp(s - m[..., None])
+    den = jnp.sum(p, axis=-1)
+    lse = jnp.where(den > 0, m + jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
+    o = jnp.einsum(
+        "bhqk,bkhd->bqhd", p / jnp.where(den > 0, den, 1.0)[..., None], v.astype(p.dtype)
+    )
+    return o, lse
+
+
+def xla_bwd(q, k, v, seg_q, seg_k, causal, o, lse, do):
+    s = _scores(q, k, block_mask(q.shape[1], k.shape[1], seg_q, seg_k, causal))
+    p = jnp.exp(s - lse[..., None])  # masked scores are -inf: p = 0
+    do = do.astype(jnp.float32)
+    delta = jnp.einsum("bqhd,bqhd->bhq", do, o.astype(jnp.float32))
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p, do)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", do, v.astype(jnp.float32))
+    ds = p * (dp - delta[..., None]) * (1.0 / math.sqrt(q.shape[-1]))
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k.astype(jnp.float32))
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(jnp.float32))
+    return dq, dk, dv
+
+
+XLA = Block("xla", xla_fwd, xla_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# The cuDNN block (GPU)
+
+
+def _cudnn_args(q, causal):
+    # cuDNN attention's internals (lse out, combined o and lse into the backward): only when the
+    # kernel is chosen, on a GPU or a GPU compile target.
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    unused = jnp.zeros(0, dtype=q.dtype)
+    mask = fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK
+    params = dict(
+        scale=1.0 / math.sqrt(q.shape[-1]), seed=42, dropout_rate=0.0,
+        variadic_args=(False, False), mask_type=mask, layout=fa.AttentionLayout.BTNH.value,
+        sliding_window_length=None,
+    )  # fmt: skip
+    return fa, (unused,) * 7, params
+
+
+def cudnn_fwd(q, k, v, seg_q, seg_k, causal):
+    assert seg_q is None, "cuDNN blocks take no document resets (checked in flash.make)"
+    fa, unused, params = _cudnn_args(q, causal)
+    fa.check_is_flash_attention(
+        q, k, v, params["layout"], fa.check_cudnn_version(), False, True, False
+    )
+    # The primitives themselves, not the custom-partitioning wrappers of JAX's own API: inside
+    # shard_map every operand is one device's, and the wrappers cannot lower there.
+    o, lse = fa._dot_product_attention_fwd_impl(q, k, v, *unused, **params, is_training=True)
+    return o.astype(jnp.float32), lse
+
+
+def cudnn_bwd(q, k, v, seg_q, seg_k, causal, o, lse, do):
+    fa, unused, params = _cudnn_args(q, causal)
+    dq, dk, dv = fa._dot_product_attention_bwd_impl(
+        q, k, v, *unused, lse, o.astype(q.dtype), do.astype(q.dtype), **params
+    )
+    return dq.astype(jnp.float32), dk.astype(jnp.float32), dv.astype(jnp.float32)
+
+
+CUDNN = Block("cudnn", cudnn_fwd, cudnn_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# The ring
+
+
+def global_segments(resets, n: int):
+    """Global segment ids of this device's slice, int32 ``[B, S]``: its cumulative count of
+    document starts plus every earlier slice's (a [B, N] gather of the slices' counts)."""
+    local = jnp.cumsum(resets.astype(jnp.int32), axis=1)
+    counts = lax.all_gather(local[:, -1], SEQ, axis=1, tiled=False)  # [B, N]
+    r = lax.axis_index(SEQ)
+    before = jnp.sum(jnp.where(jnp.arange(n)[None] < r, counts, 0), axis=1)
+    return local + before[:, None]
+
+
+def _combine(o, lse, ob, lb):
+    new = jnp.logaddexp(lse, lb)
+    safe = jnp.where(jnp.isfinite(new), new, 0.0)
+    wa = jnp.exp(lse - safe)  # [B, H, S]
+    wb = jnp.exp(lb - safe)
+    t = lambda w: jnp.swapaxes(w, 1, 2)[..., None]  # -> [B, S, H, 1]  # noqa: E731
+    return o * t(wa) + ob * t(wb), new
+
+
+def _next(x, n):
+    return lax.ppermute(x, SEQ, [(i, (i + 1) % n) for i in range(n)])
+
+
+def ring_attention(block: Block, n: int):
+    """``local(q, k, v, seg) -> y`` for one device inside ``shard_map`` over :data:`SEQ` with
+    ``n`` slices: q, k, v ``[B, S, H, D]``, seg int32 ``[B, S]`` (global segment ids) or None,
+    y ``[B, S, H, D]`` in q's dtype."""
+
+    def forward(q, k, v, seg):
+        r = lax.axis_index(SEQ)
+        o, lse = block.fwd(q, k, v, seg, seg, True)
+
+        def step(t, carry):
+            o, lse, kv = carry
+            kv = jax.tree.map(lambda x: _next(x, n), kv)  # now slice r - t's keys and values
+
+            def attend(o, lse):
+                ob, lb = block.fwd(q, kv[0], kv[1], seg, kv[2], False)
+                return _combine(o, lse, ob, lb)
+
+            o, lse = lax.cond(t <= r, attend, lambda o, lse: (o, lse), o, lse)
+            return o, lse, kv
+
+        # The ring's N - 1 steps unrolled, not a fori_loop: XLA's GPU compiler (jax 0.11.2)
+        # crashed on cuDNN attention inside a loop nested in the model's layer scan.
+        carry = (o, lse, (k, v, seg))
+        for t in range(1, n):
+            carry = step(t, carry)
+        o, lse, _ = carry
+        return o.astype(q.dtype), lse
+
+    @jax.custom_vjp
+    def attend(q, k, v, seg):
+        return forward(q, k, v, seg)[0]
+
+    def fwd(q, k, v, seg):
+        y, lse = forward(q, k, v, seg)
+        return y, (q, k, v, seg, y, lse)
+
+    def bwd(res, dy):
+        q, k, v, seg, y, lse = res
+        r = lax.axis_index(SEQ)
+        dq, dk, dv = block.bwd(q, k, v, seg, seg, True, y, lse, dy)
+
+        def step(t, carry):
+            dq, kv, dkv = carry
+            kv, dkv = jax.tree.map(lambda x: _next(x, n), (kv, dkv))
+
+            def grads(dq, dkv):
+                gq, gk, gv = block.bwd(q, kv[0], kv[1], seg, kv[2], False, y, lse, dy)
+                return dq + gq, (dkv[0] + gk, dkv[1] + gv)
+
+            dq, dkv = lax.cond(t <= r, grads, lambda dq, dkv: (dq, dkv), dq, dkv)
+            return dq, kv, dkv
+
+        carry = (dq, (k, v, seg), (dk, dv))
+        for t in range(1, n):
+            carry = step(t, carry)
+        dq, _, dkv = carry
+        # Each slice's gradients back home, in the inputs' dtype (summed in float32 round the ring)
+        dk, dv = (_next(x.astype(t.dtype), n) for x, t in zip(dkv, (k, v)))
+        dseg = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
+        return dq.astype(q.dtype), dk, dv, dseg
+
+    attend.defvjp(fwd, bwd)
+    return attend
+
+
+def ring_local(block: Block, n: int):
+    """The per-slice function :func:`linear_gpt2.attention.context.over_sequence` runs."""
+    attend = ring_attention(block, n)
+
+    def local(q, k, v, resets=None, log_gate=None):
+        del log_gate  # softmax attention has no decay
+        seg = None if resets is None else global_segments(resets, n)
+        return attend(q, k, v, seg)
+
+    return local
+
+
+def modelled_ring_bytes(B: int, T: int, H: int, D: int, n: int, itemsize: int) -> dict:
+    """Bytes one device sends per layer round the ring (a MODEL): the forward passes N - 1 of
+    its N slices of K and V, (N - 1) / N of the whole K and V; the backward passes K, V again
+    and their float32 gradient accumulators N - 1 times, plus one last hop of the gradients home
+    in the inputs' dtype. Segment ids (4 bytes a token, with resets) are left out."""
+    S = T // n
+    kv = 2 * B * S * H * D * itemsize
+    dkv = 2 * B * S * H * D * 4
+    return {
+        "forward": (n - 1) * kv,
+        "backward": (n - 1) * (kv + dkv) + kv,
+        "kv_whole_sequence": 2 * B * T * H * D * itemsize,
+    }

@@ -1,0 +1,95 @@
+"""The model's loss and gradients with the sequence split over a ``data x seq`` mesh, against
+the same model on one device; prints one JSON line per (variant, forgetting, mesh).
+
+usage: python tests/workers/context_parallel_model.py VARIANT   (the caller sets the host
+device count, 16 for data=2 x seq=8)
+
+Documents (``doc_reset``), at T = 32: row 0 has starts at 5 (inside the first slice at every
+N), 16 (on the slice boundary for N = 2, 4, 8) and 22; row 1 at 8 (on a boundary for N = 4, 8)
+and 13 (scaled with T). Every other document spans at least one slice boundary.
+"""
+
+import json
+import sys
+
+# name -> (attention, options, T): the Pallas kernels take chunks of 16 or more, so their
+# sequence is 4x longer (a slice of 16 at seq = 8) and the document starts scale with it.
+VARIANTS = {
+    "LT_chunked-xla": ("LT_chunked", {"chunk_size": 2, "kernel": "xla"}, 32),
+    "LT_chunked-pallas": ("LT_chunked", {"chunk_size": 16, "kernel": "pallas_chunk"}, 128),
+    # The loss by chunks of 4 tokens too (model.loss_chunk: per device under context parallelism)
+    "LT_state_parallel": ("LT_state_parallel", {"loss_chunk": 4}, 32),
+    "flash-xla": ("flash", {"kernel": "xla"}, 32),
+}
+MESHES = [(1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8)]  # (data, seq)
+B = 2
+
+
+def main() -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from linear_gpt2 import attention
+    from linear_gpt2.model import init_params, loss_fn
+    from linear_gpt2.model.config import ModelConfig
+    from linear_gpt2.training.sharding import make_mesh, traced_on
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    name, options, T = VARIANTS[sys.argv[1]]
+    s = T // 32
+    spec = attention.registry.spec(name)
+    forgets = [(False, "none"), (True, "none")]
+    if spec.decay:
+        forgets += [(False, "gate"), (True, "gate")]
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 97, size=(B, T + 1))
+    inputs, targets = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
+    starts = np.zeros((B, T), bool)
+    starts[0, [0, 5 * s, 16 * s, 22 * s]] = True
+    starts[1, [0, 8 * s, 13 * s]] = True
+    segments = jnp.asarray(np.cumsum(starts, axis=1), jnp.int32)
+
+    def rel(a, b):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+    for doc_reset, decay in forgets:
+        cfg = ModelConfig(
+            vocab_size=97, block_size=T, n_layer=1, n_head=2, n_embd=16, dtype="float32",
+            attention=name, doc_reset=doc_reset, decay=decay, **options,
+        )  # fmt: skip
+        params = init_params(cfg, 0)
+        seg = segments if doc_reset else None
+
+        def loss(params, x, y, seg, cfg=cfg):
+            return loss_fn(params, x, y, cfg, segment_ids=seg)
+
+        grad = jax.value_and_grad(loss)
+        l0, g0 = jax.jit(grad)(params, inputs, targets, seg)
+        for data, seq in MESHES:
+            mesh = make_mesh(jax.devices()[: data * seq], context_parallel=seq)
+            split = NamedSharding(mesh, P("data", "seq"))
+            rep = NamedSharding(mesh, P())
+            step = jax.jit(
+                traced_on(mesh, grad),
+                in_shardings=(rep, split, split, split if doc_reset else None),
+            )
+            l1, g1 = step(params, inputs, targets, seg)
+            hlo = step.lower(params, inputs, targets, seg).as_text()
+            crossing = sum(hlo.count(op) for op in ("all_gather", "collective_permute"))
+            g_err = max(
+                rel(a, b) for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True)
+            )
+            print(json.dumps({
+                "variant": sys.argv[1], "doc_reset": doc_reset, "decay": decay, "data": data,
+                "seq": seq, "loss": abs(float(l1) - float(l0)) / abs(float(l0)), "grads": g_err,
+                "loss_value": float(l0), "seq_collectives": crossing,
+            }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

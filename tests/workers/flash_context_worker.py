@@ -1,0 +1,69 @@
+"""Worker for tests/test_flash_context.py: ``flash`` (kernel=xla) under context parallelism on 8
+CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set by the test) against the
+same attention on one device: loss, output and gradients, float32 at matmul precision highest,
+for every (data, seq) mesh and document layout. Prints one JSON object: case -> errors."""
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+import linear_gpt2  # noqa: F401  (JAX's environment first)
+from linear_gpt2 import attention
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+B, T, H, D = 2, 64, 2, 8
+MESHES = [(1, 2), (2, 2), (1, 4), (2, 4), (1, 8)]
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def resets_cases() -> dict:
+    none = None
+    r = np.zeros((B, T), bool)
+    # Row 0: documents spanning the boundaries at 32 (seq=2) and 48 (seq=4, 8), one starting
+    # exactly on 16 (a boundary for seq=4 and 8) and one starting at 5 inside the first slice.
+    r[0, [5, 16, 33]] = True
+    # Row 1: one document ending just before the middle boundary and one starting on it (32), a
+    # one-token document at 31; then a start on every seq=8 boundary after it.
+    r[1, [31, 32, 40, 56]] = True
+    return {"plain": none, "resets": jnp.asarray(r)}
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))
+    w = jnp.asarray(rng.uniform(0.5, 1.5, size=(B, T, H, D)), jnp.float32)
+    fn = attention.get("flash", kernel="xla")
+    out = {}
+    for name, resets in resets_cases().items():
+        kw = {} if resets is None else {"resets": resets}
+
+        def loss(q, k, v, kw=kw):
+            y = fn(q, k, v, **kw)
+            return jnp.sum(w * y * y), y
+
+        grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+        (l0, y0), g0 = jax.jit(grad)(q, k, v)
+        for data, seq in MESHES:
+            devs = np.array(jax.devices()[: data * seq]).reshape(data, seq)
+            with jax.set_mesh(Mesh(devs, ("data", "seq"))):
+                (l1, y1), g1 = jax.jit(grad)(q, k, v)
+            out[f"{name} data={data} seq={seq}"] = {
+                "loss": abs(float(l1) - float(l0)) / abs(float(l0)),
+                "y": rel(y1, y0),
+                "grads": max(rel(a, b) for a, b in zip(g1, g0)),
+                "finite": bool(all(np.isfinite(np.asarray(x)).all() for x in (y1, *g1))),
+            }
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
