@@ -197,7 +197,8 @@ def test_shipped_configs_load_and_plan(path):
     from linear_gpt2.training.trainer import plan_batches
 
     cfg = load_config(path)
-    devices = 8 if path.parent.name == "post" else 1
+    # post: one 8-GPU node; long: the sequence over a node or two (train.context_parallel)
+    devices = {"post": 8, "long": max(8, cfg.train.context_parallel)}.get(path.parent.name, 1)
     plan = plan_batches(cfg, devices=devices, processes=1)
     assert plan.sequences * cfg.data.context == cfg.train.tokens_per_update
 

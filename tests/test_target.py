@@ -338,7 +338,7 @@ def test_command_rejects_an_unknown_target_in_one_line():
     r = _compile_cmd("configs/default.yaml", "--target", "h200")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "error: unknown target 'h200' (did you mean 'h100'?); valid targets: h100, h100x8"
+        "error: unknown target 'h200' (did you mean 'h100'?); valid targets: h100, h100x8, h100x16"
     ]
 
 
