@@ -37,9 +37,7 @@ benchmarks/results/).
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import json
 import re
 import sys
 from pathlib import Path
@@ -226,21 +224,10 @@ def model_json(summary, picks, env, resources, compiled: bool) -> dict:
     }  # fmt: skip
 
 
-def write(out: Path, rows, model: dict) -> tuple[Path, Path, Path]:
-    from linear_gpt2.experiments import reports
-
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "kernel_roofline_h100_model"
-    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    json_path.write_text(json.dumps(model, indent=1) + "\n")
-    md = reports.page(
-        out / f"{stem}.md", reports.block("roofline.page", json_path.name, csv_path.name)
+def write(out: Path, rows, model: dict) -> tuple[Path, ...]:
+    return roofline_parallel.write_results(
+        out, "kernel_roofline_h100_model", "roofline.page", rows, model
     )
-    return csv_path, json_path, md
 
 
 def main_chunked(args, Ts, Cs, compiled: bool):

@@ -198,22 +198,26 @@ def parallel_json(summary, picks, env, resources, compiled: bool) -> dict:
     }  # fmt: skip
 
 
-def write_parallel(out: Path, rows, model: dict) -> tuple[Path, Path, Path]:
+def write_results(out: Path, stem: str, renderer: str, rows, model: dict) -> tuple[Path, ...]:
+    """``stem``.csv (the rows), ``stem``.json (the model) and the page ``renderer`` makes of
+    them, under ``out``; the LT_chunked files too (``roofline.py``)."""
     from linear_gpt2.experiments import reports
 
     out.mkdir(parents=True, exist_ok=True)
-    stem = "kernel_roofline_parallel_h100_model"
     csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
     with open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     json_path.write_text(json.dumps(model, indent=1) + "\n")
-    md = reports.page(
-        out / f"{stem}.md",
-        reports.block("roofline.parallel_page", json_path.name, csv_path.name),
-    )
+    md = reports.page(out / f"{stem}.md", reports.block(renderer, json_path.name, csv_path.name))
     return csv_path, json_path, md
+
+
+def write_parallel(out: Path, rows, model: dict) -> tuple[Path, ...]:
+    return write_results(
+        out, "kernel_roofline_parallel_h100_model", "roofline.parallel_page", rows, model
+    )
 
 
 def main_parallel(args, Ts, compiled: bool):

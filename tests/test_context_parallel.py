@@ -18,16 +18,15 @@ from tests.helpers import SLOW
 from tests.test_trainer import (
     TINY,
     _env,
-    _free_port,
     _read_steps,
     assert_same_run,
+    run_two_processes,
     run_worker,
     setup,  # noqa: F401  (the module's fixture: the tiny config and the sample corpus)
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_WORKER = ROOT / "tests" / "workers" / "context_parallel_model.py"
-TRAIN_WORKER = ROOT / "tests" / "workers" / "train_worker.py"
 # LT_chunked with chunks of 2 (a slice of 2 tokens at seq = 8), resets and the decay gate.
 CP = ["attention.name=LT_chunked", "attention.chunk_size=2", "attention.kernel=xla",
       "attention.doc_reset=true", "attention.decay=gate"]  # fmt: skip
@@ -90,28 +89,9 @@ def test_training_split_over_seq_equals_one_device(setup, one_device, seq):  # n
 def test_two_processes_equal_one(setup, one_device, seq):  # noqa: F811
     """Two processes of 4 devices: seq = 2 keeps each sequence on one host; seq = 8 splits every
     sequence across both hosts (they load the same rows and keep half of T each)."""
-    root, config, base = setup
-    port, out = _free_port(), str(root / f"cp_proc2_seq{seq}")
-    args = [*base, f"log.run_dir={out}", *CP, f"train.context_parallel={seq}"]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(TRAIN_WORKER), out, str(config), *args],
-            env=_env(
-                4,
-                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                JAX_NUM_PROCESSES="2",
-                JAX_PROCESS_ID=str(i),
-            ),  # fmt: skip
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
-    ]
-    outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
-    import numpy as np
-
-    multi = json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz"))
+    multi = run_two_processes(
+        setup, f"cp_proc2_seq{seq}", 4, [*CP, f"train.context_parallel={seq}"]
+    )
     assert multi[0]["processes"] == 2 and multi[0]["devices"] == 8
     assert_same_run(one_device, multi)
 

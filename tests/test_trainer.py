@@ -112,29 +112,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@SLOW
-def test_two_processes_match_one_process_with_as_many_devices(setup):
+def run_two_processes(setup, name: str, devices_each: int, overrides=()) -> tuple[dict, dict]:
+    """The worker as two processes joined on 127.0.0.1, ``devices_each`` CPU devices each;
+    process 0's losses and the gathered parameters."""
     root, config, base = setup
-    single = run_worker(setup, "proc1_dev4", 4, ["train.max_steps=2"])
-    port = _free_port()
-    out = str(root / "proc2")
+    port, out = _free_port(), str(root / name)
+    args = [*base, f"log.run_dir={root}/{name}", *overrides]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                out,
-                str(config),
-                *base,
-                f"log.run_dir={root}/proc2",
-                "train.max_steps=2",
-            ],
+            [sys.executable, str(WORKER), out, str(config), *args],
             env=_env(
-                2,
+                devices_each,
                 JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                 JAX_NUM_PROCESSES="2",
                 JAX_PROCESS_ID=str(i),
-            ),
+            ),  # fmt: skip
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
@@ -142,7 +134,13 @@ def test_two_processes_match_one_process_with_as_many_devices(setup):
     ]
     outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
-    multi = json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz"))
+    return json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz"))
+
+
+@SLOW
+def test_two_processes_match_one_process_with_as_many_devices(setup):
+    single = run_worker(setup, "proc1_dev4", 4, ["train.max_steps=2"])
+    multi = run_two_processes(setup, "proc2", 2, ["train.max_steps=2"])
     assert multi[0]["processes"] == 2 and multi[0]["devices"] == 4
     assert_same_run(single, multi)
 
