@@ -99,7 +99,8 @@ def test_two_processes_equal_one(setup, one_device, seq):  # noqa: F811
 @SLOW
 def test_resume_under_context_parallelism_is_exact(setup):  # noqa: F811
     """Four steps straight, against two steps and a resumption to four: the same losses to the
-    last bit's neighbourhood (same program, same data order), with the sequence split in two."""
+    last bit's neighbourhood (same program, same data order), with the sequence split in two;
+    and resumed with the sequence split in four."""
     root, config, base = setup
     common = [*base, *CP, "train.context_parallel=2", "checkpoint.every=2"]
     script = [sys.executable, str(ROOT / "scripts" / "train.py"), str(config)]
@@ -116,6 +117,14 @@ def test_resume_under_context_parallelism_is_exact(setup):  # noqa: F811
     assert sorted(straight) == sorted(resumed) == [1, 2, 3, 4]
     for step in straight:
         assert resumed[step] == pytest.approx(straight[step], rel=1e-6), step
+    # The split is an implementation choice: resuming with the sequence over 4 devices instead
+    # of 2 continues the same run (the same function, summed in another order).
+    train("cp_resplit", "train.max_steps=2")
+    train("cp_resplit", "train.max_steps=4", "checkpoint.resume=auto", "train.context_parallel=4")
+    resplit = _read_steps(root / "cp_resplit" / "metrics.jsonl")
+    assert sorted(resplit) == [1, 2, 3, 4]
+    for step in straight:
+        assert resplit[step] == pytest.approx(straight[step], rel=1e-5), step
 
 
 # --------------------------------------------------------------------------------------------
