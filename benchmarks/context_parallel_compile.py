@@ -92,9 +92,8 @@ def _config(stem: str):
 
 
 def compile_point(stem: str, target: str) -> dict:
-
     path = ROOT / "configs" / "long" / f"{stem}.yaml"
-    cfg = load_config(path, [])
+    cfg = _config(stem)
     t0 = time.perf_counter()
     report = compile_step.compile_config(cfg, target, start_rung=START_RUNG)
     seconds = time.perf_counter() - t0

@@ -207,8 +207,7 @@ def model_json(summary, picks, env, resources, compiled: bool) -> dict:
             "how": "modelled",
             "environment": {
                 **env,
-                "device_kind": "NVIDIA H100 SXM (modelled; registers and shared memory compiled "
-                "for it, deviceless)",
+                "device_kind": roofline_parallel.MODELLED_DEVICE,
             },
             "settings": {
                 "B": B, "H": H, "D": D, "dtype": "bfloat16", "pass": "forward + backward",

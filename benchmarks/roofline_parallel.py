@@ -171,14 +171,19 @@ def parallel_choices(Ts=(4096, 16384, 131072), D=64) -> list[dict]:
     return out
 
 
+# Both roofline files' device: a model, with the kernels' resources compiled for the H100.
+MODELLED_DEVICE = (
+    "NVIDIA H100 SXM (modelled; registers and shared memory compiled for it, deviceless)"
+)
+
+
 def parallel_json(summary, picks, env, resources, compiled: bool) -> dict:
     return {
         "meta": {
             "how": "modelled",
             "environment": {
                 **env,
-                "device_kind": "NVIDIA H100 SXM (modelled; registers and shared memory compiled "
-                "for it, deviceless)",
+                "device_kind": MODELLED_DEVICE,
             },
             "settings": {
                 "B": B, "H": H, "Ds": list(PAR_DS), "c": PAR_C, "dtype": "bfloat16",

@@ -63,8 +63,6 @@ def _axes(attrs: str, total: int) -> tuple[tuple[str, ...], int]:
         n = math.prod(sizes[a] for a in axes)
         named = tuple("all" if a.startswith("axis_") else a for a in axes)
         return ("all",) if n == total and "all" in named else named, n
-    if _PAIRS.search(attrs):
-        return ("permute",), 2
     return ("all",), total
 
 
@@ -85,12 +83,12 @@ def _walk(module: Module, name: str, count: int, total: int) -> Iterator[Collect
         kind = ins.opcode.removesuffix("-start")
         if kind not in KINDS:
             continue
-        axes, n = _axes(ins.attrs, total)
-        if kind == "collective-permute":
+        if kind == "collective-permute":  # pairs, not groups: a ring over the devices it names
             pairs = _PAIRS.search(ins.attrs)
             ids = {int(x) for x in re.findall(r"\d+", pairs[1])} if pairs else set()
-            n = max(2, len(ids))
-            axes = ("seq",) if "/shard_map/" in ins.op_name else ("permute",)
+            axes, n = ("seq",) if "/shard_map/" in ins.op_name else ("permute",), max(2, len(ids))
+        else:
+            axes, n = _axes(ins.attrs, total)
         # XLA combines collectives of one kind into one launch (the attention's state gather with
         # FSDP's weight gathers): each operand is attributed by the op that produced it.
         parts: dict[bool, float] = {}

@@ -166,7 +166,7 @@ def compile_train_step(
     budget = t.budget_bytes if budget_bytes is None else budget_bytes
     tx = optimizer(TrainConfig())
     reports: dict[Any, CompileReport] = {}
-    sent: dict[Any, list[dict]] = {}
+    hlo: dict[Any, str] = {}  # the program's text; only the chosen one's collectives are read
 
     def compile_candidate(c):
         program = jit_train_step(
@@ -186,7 +186,7 @@ def compile_train_step(
         assert isinstance(report, CompileReport)
         reports[c] = report
         if t.n_devices > 1:
-            sent[c] = collectives.summary(collectives.collectives(compiled.as_text(), t.n_devices))
+            hlo[c] = compiled.as_text()
         return report.memory, None
 
     chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung)
@@ -205,7 +205,9 @@ def compile_train_step(
         batch,
         context or cfg.block_size,
         context_parallel,
-        sent.get(chosen.config, []),
+        collectives.summary(collectives.collectives(hlo[chosen.config], t.n_devices))
+        if chosen.config in hlo
+        else [],
     )
 
 
