@@ -22,8 +22,10 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "error: python3.12 not found; install Python 3.12 or pass PYTHON312=/path/to/python3.12"; exit 1; }
 	@test -x $(PY) || $(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@# No wheel cache: the CUDA libraries are GBs, a clean clone reuses nothing, and a cache
+	@# doubled the set-up's disk use (a CI machine ran out of space installing).
+	$(PY) -m pip install -q --no-cache-dir --upgrade pip
+	$(PY) -m pip install -q --no-cache-dir -e ".[$(EXTRAS)]"
 	@touch $@
 
 # The default run: a small GPT-2 on the offline sample corpus, on CPU (configs/default.yaml).

@@ -1,10 +1,16 @@
 """Test-wide settings: nothing is written to $HOME, nothing reaches the network, and GPU-only
 tests are skipped on CPU with the reason."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 _tmp = tempfile.mkdtemp(prefix="linear_gpt2_tests_")
+# Each process that imports this file (the controller and every xdist worker) removes its own
+# directory when it exits; the controller's holds the shared compilation cache and outlives the
+# workers. Left behind, a run's caches cost tens of MB each and filled the CI machine's disk.
+atexit.register(shutil.rmtree, _tmp, ignore_errors=True)
 # One compilation cache for the whole run: pytest-xdist's workers inherit the controller's
 # environment (it imports this file first), so a program one worker compiled is a hit in the
 # other and in every subprocess either starts.

@@ -545,3 +545,23 @@ def test_third_party_warnings_are_dropped_and_ours_kept(monkeypatch):
             warnings.simplefilter("always")
             assert cli.run(main, argv) == 0
         assert [str(w.message) for w in seen] == shown
+
+
+@SLOW
+def test_the_test_suite_leaves_nothing_in_the_system_temp_directory(tmp_path):
+    """A run of the suite, as `make test` starts it (two xdist workers), removes the directories
+    its processes made for their caches, and pytest keeps only failed tests' tmp_path: the runs
+    of the trainer tests filled a CI machine's disk when they were kept."""
+    system_tmp = tmp_path / "tmp"
+    system_tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "LINEAR_GPT2_TEST_JAX_CACHE"}
+    env.update(TMPDIR=str(system_tmp), PYTHONPATH=str(ROOT))
+    test = "tests/test_cli.py::test_shard_with_ids_outside_the_vocabulary_fails_when_opened"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", test, test],
+        env=env, capture_output=True, text=True, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not list(system_tmp.glob("linear_gpt2_tests_*")), sorted(system_tmp.iterdir())
+    kept = [p for p in system_tmp.rglob("test_shard_with_ids*") if p.is_dir()]
+    assert not kept, kept
