@@ -58,9 +58,12 @@ def model_bytes(cfg, n_params: int, devices: int) -> dict[str, float | str]:
     if m.spec.family == "softmax":
         from linear_gpt2.attention.flash_context import modelled_ring_bytes
 
-        ring = modelled_ring_bytes(B, T, H, D, n, 2 if m.dtype == "bfloat16" else 4)
+        layout = dict(m.attention_extra).get("ring", "zigzag")
+        ring = modelled_ring_bytes(B, T, H, D, n, 2 if m.dtype == "bfloat16" else 4, layout)
         forward, backward = ring["forward"], ring["backward"]
         what = "ring: (N-1)/N of K and V per layer forward; K, V and float32 dK, dV backward"
+        if layout == "zigzag":
+            what += "; q, k, v, y to the balanced layout and back, each way"
     else:
         forward = backward = collectives.linear_state_bytes(B, H, D, n, gate=m.decay == "gate")
         what = "the slice states' all-gather per layer forward, its reduce-scatter backward"

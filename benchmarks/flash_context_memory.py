@@ -4,9 +4,10 @@ over the 8 GPUs of one H100 node (mesh data=1 x seq=8), compiled on this (CPU) m
 ``h100x8`` target (deviceless XLA; nothing runs).
 
 ``kernel=auto`` resolves, for the target's GPUs, to ring attention with cuDNN blocks
-(attention/flash_context.py). Per context: the per-device memory XLA's buffer assignment gives,
-the collective-permutes of the compiled program (their per-hop bytes, from its HLO), and the
-MODEL of the bytes one device sends round the ring per layer.
+(attention/flash_context.py). Per context and ring layout (``zigzag``, the balanced default, and
+``contiguous``): the per-device memory XLA's buffer assignment gives, the collective-permutes of
+the compiled program (their per-hop bytes, from its HLO), the MODEL of the bytes one device sends
+per layer, and the MODEL of the attention work on the ring's critical path.
 
     python benchmarks/flash_context_memory.py --context 65536 2097152
 
@@ -75,19 +76,19 @@ def ring_bytes(hops: list[dict], n: int) -> dict:
     return out
 
 
-def compile_one(T: int, kernel: str, resets: bool) -> dict:
+def compile_one(T: int, kernel: str, resets: bool, ring: str = "zigzag") -> dict:
     devs = np.array(target.devices(TARGET)).reshape(1, 8)
     mesh = Mesh(devs, ("data", "seq"))
     split = NamedSharding(mesh, P(None, "seq"))
     x = jax.ShapeDtypeStruct((B, T, H, D), jnp.bfloat16, sharding=split)
-    fn = attention.get("flash", kernel=kernel)
+    fn = attention.get("flash", kernel=kernel, ring=ring)
     extra = (jax.ShapeDtypeStruct((B, T), jnp.bool_, sharding=split),) if resets else ()
 
     def f(q, k, v, dy, *r):
         y, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, resets=r[0] if r else None), q, k, v)
         return y, vjp(dy)
 
-    what = f"flash kernel={kernel} fwd+bwd [{B}, {T}, {H}, {D}] bf16 over seq=8"
+    what = f"flash kernel={kernel} ring={ring} fwd+bwd [{B}, {T}, {H}, {D}] bf16 over seq=8"
     report, compiled = target.compile_program(
         jax.jit(f, out_shardings=(split, (split,) * 3)), (x, x, x, x, *extra), TARGET,
         what=what, keep_executable=True,
@@ -98,6 +99,7 @@ def compile_one(T: int, kernel: str, resets: bool) -> dict:
         "context": T,
         "per_device_tokens": T // 8,
         "kernel": kernel,
+        "ring": ring,
         "resets": resets,
         "cudnn_calls_in_hlo": len(re.findall(r'custom_call_target="__cudnn\$fmha', hlo)),
         "memory": report.memory.as_dict(),
@@ -105,12 +107,14 @@ def compile_one(T: int, kernel: str, resets: bool) -> dict:
         "budget_bytes": report.target.budget_bytes,
         "fits": report.fits,
         "collective_permutes": hops,
-        "modelled_ring_bytes": flash_context.modelled_ring_bytes(B, T, H, D, 8, 2),
+        "modelled_ring_bytes": flash_context.modelled_ring_bytes(B, T, H, D, 8, 2, ring),
+        "modelled_critical_blocks": flash_context.modelled_critical_blocks(8, ring),
         "compiled_ring_bytes": ring_bytes(hops, 8),
         "compile_seconds": report.seconds,
     }
     print(
-        f"T={T} kernel={kernel} resets={resets}: {report.memory.total / GiB:.2f} GiB per device, "
+        f"T={T} kernel={kernel} ring={ring} resets={resets}: "
+        f"{report.memory.total / GiB:.2f} GiB per device, "
         f"cuDNN calls {row['cudnn_calls_in_hlo']}, permutes {row['collective_permutes']}",
         flush=True,
     )
@@ -121,10 +125,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, nargs="+", default=[65536, 2097152])
     ap.add_argument("--kernel", default="auto")
+    ap.add_argument("--ring", nargs="+", default=list(flash_context.RINGS))
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the .json")
     ap.add_argument("--stem", default="flash_context_h100x8_compiled")
     args = ap.parse_args(argv)
-    rows = [compile_one(T, args.kernel, False) for T in args.context]
+    rows = [compile_one(T, args.kernel, False, ring) for T in args.context for ring in args.ring]
     env = provenance.environment()
     env["device_kind"] = "NVIDIA H100 x8 (compiled for, deviceless; no GPU here)"
     meta = {
@@ -136,7 +141,10 @@ def main(argv=None) -> int:
             "batch": B, "heads": H, "head_dim": D, "dtype": "bfloat16", "mesh": "data=1 x seq=8",
             "what": "forward + backward (a VJP with a cotangent), inputs and outputs split over seq",
             "modelled_ring_bytes": "a MODEL: flash_context.modelled_ring_bytes (bytes one device "
-            "sends per layer: forward (N-1)/N of K and V; backward K, V and float32 dK, dV)",
+            "sends per layer: forward (N-1)/N of K and V; backward K, V and float32 dK, dV; the "
+            "balanced ring adds q, k, v and y to its layout and back)",
+            "modelled_critical_blocks": "a MODEL: flash_context.modelled_critical_blocks (the "
+            "busiest device's attention per layer, in [T/N, T/N] blocks; a causal block is half)",
             "command": "benchmarks/flash_context_memory.py " + " ".join(argv or sys.argv[1:]),
         },
     }  # fmt: skip

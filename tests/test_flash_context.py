@@ -123,11 +123,42 @@ def test_context_block_choice_on_cpu():
 
 
 def test_modelled_ring_bytes():
-    m = flash_context.modelled_ring_bytes(1, 2_097_152, 12, 64, 8, 2)
+    m = flash_context.modelled_ring_bytes(1, 2_097_152, 12, 64, 8, 2, ring="contiguous")
     whole = 2 * 2_097_152 * 12 * 64 * 2
     assert m["kv_whole_sequence"] == whole
     assert m["forward"] == whole * 7 // 8  # (N - 1) / N of K and V
     assert m["backward"] == whole * 7 // 8 * 3 + whole // 8
+    z = flash_context.modelled_ring_bytes(1, 2_097_152, 12, 64, 8, 2)
+    # The balanced layout moves q, k, v and y (a slice each) there and back: 4 slices each way.
+    assert z["relayout"] == 2 * whole // 8
+    assert z["forward"] - m["forward"] == z["backward"] - m["backward"] == z["relayout"]
+
+
+def test_modelled_critical_path():
+    """The busiest device's blocks per layer: N - 1/2 for the contiguous ring, N/2 balanced."""
+    assert flash_context.modelled_critical_blocks(8, "contiguous") == 7.5
+    assert flash_context.modelled_critical_blocks(8) == 4.0
+    assert flash_context.modelled_critical_blocks(2) == 1.0
+
+
+def test_ring_option_errors(tmp_path):
+    """A ring layout that does not exist, or a balanced ring whose slices do not halve: one line
+    naming the option and the fix, at config time."""
+    from linear_gpt2.platform.errors import ConfigError
+    from linear_gpt2.training.config import load_config
+
+    with pytest.raises(ValueError, match="ring='spiral' is not a ring layout; use one of zigzag"):
+        flash.make(ring="spiral")
+    base = ["attention.name=flash", "train.context_parallel=4", "model.block_size=128"]
+    with pytest.raises(ConfigError, match=r"^attention.ring: ring='spiral' is not a ring layout"):
+        load_config(str(ROOT / "configs/default.yaml"), [*base, "attention.ring=spiral"])
+    odd = [*base, "data.context=36"]  # slices of 9 tokens
+    with pytest.raises(
+        ConfigError, match=r"^attention.ring: each device's slice .*ring=contiguous"
+    ):
+        load_config(str(ROOT / "configs/default.yaml"), odd)
+    cfg = load_config(str(ROOT / "configs/default.yaml"), [*odd, "attention.ring=contiguous"])
+    assert dict(cfg.model_config.attention_extra) == {"ring": "contiguous"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,24 +183,40 @@ def multi_device():
 
 @SLOW
 def test_ring_matches_one_device(multi_device):
-    """seq in {2, 4, 8} x data in {1, 2} (the 8 devices allow data=2 up to seq=4), with and
-    without documents (spanning a slice boundary, starting exactly on one): loss to 1e-6
+    """Both rings, seq in {2, 4, 8} x data in {1, 2} (the 8 devices allow data=2 up to seq=4),
+    with and without documents (spanning a slice boundary, starting exactly on one): loss to 1e-6
     relative, output and gradients to 1e-5, float32."""
-    assert len(multi_device) == 10
-    for case, err in multi_device.items():
+    cases = {c: e for c, e in multi_device.items() if not c.startswith("layout")}
+    assert len(cases) == 2 * 2 * 5
+    for case, err in cases.items():
         assert err["finite"], case
         assert err["loss"] <= 1e-6, (case, err)
         assert err["y"] <= 1e-5 and err["grads"] <= 1e-5, (case, err)
+
+
+@SLOW
+def test_balanced_layout(multi_device):
+    """to_zigzag gives device r chunks r and 2N-1-r of 2N (in order), and from_zigzag undoes it."""
+    T = 64
+    for n in (2, 4, 8):
+        held = multi_device[f"layout seq={n}"]
+        assert held is not None, f"seq={n}: from_zigzag(to_zigzag(x)) != x"
+        c = T // (2 * n)
+        want = [[*range(r * c, (r + 1) * c), *range((2 * n - 1 - r) * c, (2 * n - r) * c)]
+                for r in range(n)]  # fmt: skip
+        assert held == want, n
 
 
 # --------------------------------------------------------------------------------------------
 # The GPU op: compiled for one 8xH100 node here, run against the XLA block on a GPU
 
 
-def test_auto_compiles_to_cudnn_blocks_for_h100x8():
+@pytest.mark.parametrize("ring", ["zigzag", "contiguous"])
+def test_auto_compiles_to_cudnn_blocks_for_h100x8(ring):
     """``kernel=auto`` for the target's GPUs (not this machine's CPU) picks cuDNN blocks: the
-    compiled forward + backward holds cuDNN's fused attention (diagonal and cross block, forward
-    and backward) and the ring's collective-permutes."""
+    compiled forward + backward holds cuDNN's fused attention (diagonal and cross blocks, forward
+    and backward; the balanced ring's half blocks of unequal lengths among them) and the ring's
+    collective-permutes."""
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -179,7 +226,7 @@ def test_auto_compiles_to_cudnn_blocks_for_h100x8():
     mesh = Mesh(np.array(target.devices("h100x8")).reshape(1, 8), ("data", "seq"))
     split = NamedSharding(mesh, P(None, "seq"))
     x = jax.ShapeDtypeStruct((1, 2048, 2, 64), jnp.bfloat16, sharding=split)
-    fn = attention.get("flash", kernel="auto")
+    fn = attention.get("flash", kernel="auto", ring=ring)
 
     def f(q, k, v, dy):
         y, vjp = jax.vjp(fn, q, k, v)
@@ -189,8 +236,10 @@ def test_auto_compiles_to_cudnn_blocks_for_h100x8():
         jax.jit(f), (x, x, x, x), "h100x8", keep_executable=True
     )
     hlo = compiled.as_text()
-    # The ring is unrolled: one call per block, N forward and N backward.
-    assert hlo.count('custom_call_target="__cudnn$fmha') == 2 * 8
+    # The ring is unrolled. Contiguous: one call per block, N forward and N backward. Balanced:
+    # three half blocks on the diagonal, then both branches of each of the N - 1 steps.
+    calls = 2 * 8 if ring == "contiguous" else 2 * (3 + 2 * 7)
+    assert hlo.count('custom_call_target="__cudnn$fmha') == calls
     assert "collective-permute" in hlo and "all-gather" not in hlo
     assert report.fits
 

@@ -42,6 +42,10 @@ Context parallelism (the mesh's ``seq`` axis splits T): ring attention with a fu
 (:mod:`linear_gpt2.attention.flash_context`): ``auto`` and ``cudnn`` take cuDNN blocks on a GPU
 (or a GPU compile target) for bfloat16/float16 without document resets, ``xla`` and ``auto``
 elsewhere take XLA blocks ([T / N, T / N] scores per head and block); ``pallas`` is refused.
+``attention.ring``: ``zigzag`` (default) balances the causal ring (each device holds chunks
+r and 2N-1-r of 2N, so every device attends to the same amount at every step; T must split into
+2N chunks), ``contiguous`` keeps the slices as the mesh splits them (device N-1 does N blocks
+while device 0 does one, but nothing is moved to set the ring up).
 
 Decoding (sampling) uses the KV cache of :func:`linear_gpt2.attention.softmax.make_decoder`:
 one query row per step gains nothing from a fused kernel.
@@ -61,7 +65,7 @@ from linear_gpt2.attention import softmax as _softmax
 from linear_gpt2.attention.context import over_sequence, sequence_shards
 from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
 from linear_gpt2.platform.device import compiling_for_gpu
-from linear_gpt2.platform.errors import DeviceError
+from linear_gpt2.platform.errors import ConfigError, DeviceError
 
 KERNELS = ("auto", "xla", "pallas", "cudnn")
 
@@ -236,17 +240,37 @@ def _check_kernel(kernel: str) -> None:
         )
 
 
-def make(kernel: str = "auto"):
+def _check(options) -> None:
+    ring = options.get("ring", "zigzag")
+    if ring not in _fc.RINGS:
+        raise ValueError(f"ring={ring!r} is not a ring layout; use one of {', '.join(_fc.RINGS)}")
+
+
+def _slice_problem(S: int, n: int, options) -> str | None:
+    if options.get("ring", "zigzag") == "zigzag" and S % 2:
+        return (
+            f"ring=zigzag cuts the sequence into {2 * n} chunks, and slices of {S} tokens do not "
+            f"halve; use a context that {2 * n} divides, or ring=contiguous"
+        )
+    return None
+
+
+def make(kernel: str = "auto", ring: str = "zigzag"):
     """``fn(q, k, v) -> y``: fused causal softmax attention, q, k, v, y ``[B, T, H, D]``, y in
-    q's dtype. See the module docstring for the kernels."""
+    q's dtype. See the module docstring for the kernels and ``ring``."""
     _check_kernel(kernel)
+    _check({"ring": ring})
     impl = _IMPLS[kernel]
 
     def flash_attention(q, k, v, *, resets=None) -> jax.Array:
         """q, k, v ``[B, T, H, D]`` -> y; ``resets`` bool ``[B, T]``: documents start there."""
-        if sequence_shards() > 1:
+        n = sequence_shards()
+        if n > 1:
+            problem = _slice_problem(q.shape[1] // n, n, {"ring": ring})
+            if problem:
+                raise ConfigError(f"attention.ring: {problem}")
             block = _context_block(kernel, q, resets)
-            return over_sequence(_fc.ring_local(block, sequence_shards()), q, k, v, resets)
+            return over_sequence(_fc.ring_local(block, n, ring), q, k, v, resets)
         return impl(q, k, v, resets).astype(q.dtype)
 
     return flash_attention
@@ -288,9 +312,11 @@ def _context_block(kernel: str, q: jax.Array, resets) -> _fc.Block:
     return _fc.XLA
 
 
-def make_decoder(kernel: str = "auto") -> Decoder:
+def make_decoder(kernel: str = "auto", ring: str = "zigzag") -> Decoder:
     """The KV-cache decoder of :mod:`softmax` (``kernel`` is checked, then unused: every step
-    is a short query block against the cache, which plain XLA handles)."""
+    is a short query block against the cache, which plain XLA handles; ``ring`` is the
+    training's layout over devices)."""
+    del ring
     _check_kernel(kernel)
     return _softmax.make_decoder()
 
@@ -301,7 +327,10 @@ SPEC = AttentionSpec(
     make=make,
     flops=quadratic_flops,
     options=("kernel",),
+    extra_options={"ring": "zigzag"},
     kernels=KERNELS,
+    check=_check,
+    slice_problem=_slice_problem,
     make_decoder=make_decoder,
     resets=True,
     context_parallel=True,

@@ -25,6 +25,12 @@ block recomputes its probabilities from the combined lse (exp(s - lse)), adds it
 adds its dk, dv to accumulators that travel with the keys and values and are sent home after the
 last step.
 
+Balance (``ring``): with contiguous slices and causal masking device r attends to r + 1 blocks,
+so the last device works N steps while the first idles. The balanced ring
+(:func:`zigzag_ring_attention`, the default) moves each slice to chunks r and 2N-1-r of 2N first
+(:func:`to_zigzag`, two collective-permutes; the output comes back by :func:`from_zigzag`), after
+which every device attends half a block at every step.
+
 Per-block ops (:class:`Block`): ``xla`` (any backend, the oracle: the block's ``[S, S]`` scores
 materialised, masks from positions and segment ids) and ``cudnn`` (cuDNN's fused attention
 through JAX's internals, which return the lse and take the combined output and lse in their
@@ -243,9 +249,161 @@ def ring_attention(block: Block, n: int):
     return attend
 
 
-def ring_local(block: Block, n: int):
-    """The per-slice function :func:`linear_gpt2.attention.context.over_sequence` runs."""
-    attend = ring_attention(block, n)
+# --------------------------------------------------------------------------------------------
+# The balanced ("zigzag") ring
+
+RINGS = ("zigzag", "contiguous")
+
+
+def _owner(c: int, n: int) -> int:
+    """The device that holds chunk ``c`` of ``2n`` in the balanced layout (chunks c and 2n-1-c
+    on device c)."""
+    return c if c < n else 2 * n - 1 - c
+
+
+def to_zigzag(x, n: int):
+    """Device r's contiguous slice (chunks 2r, 2r+1 of 2N) ``[B, S, ...]`` -> its balanced slice
+    (chunks r, 2N-1-r) ``[B, S, ...]``. Every device receives one even and one odd chunk, so
+    two collective-permutes move them; differentiable (a permute's transpose is the inverse)."""
+    h = x.shape[1] // 2
+    even = lax.ppermute(x[:, :h], SEQ, [(r, _owner(2 * r, n)) for r in range(n)])
+    odd = lax.ppermute(x[:, h:], SEQ, [(r, _owner(2 * r + 1, n)) for r in range(n)])
+    first = lax.axis_index(SEQ) % 2 == 0  # chunk r is the even one on even devices
+    return jnp.concatenate([jnp.where(first, even, odd), jnp.where(first, odd, even)], axis=1)
+
+
+def from_zigzag(x, n: int):
+    """The inverse of :func:`to_zigzag`."""
+    h = x.shape[1] // 2
+    first = lax.axis_index(SEQ) % 2 == 0
+    lo, hi = x[:, :h], x[:, h:]
+    even, odd = jnp.where(first, lo, hi), jnp.where(first, hi, lo)
+    even = lax.ppermute(even, SEQ, [(_owner(2 * r, n), r) for r in range(n)])
+    odd = lax.ppermute(odd, SEQ, [(_owner(2 * r + 1, n), r) for r in range(n)])
+    return jnp.concatenate([even, odd], axis=1)
+
+
+def zigzag_ring_attention(block: Block, n: int):
+    """``local(q, k, v, seg) -> y`` over the balanced layout: the sequence cut into 2N chunks,
+    device r holding chunks r and 2N-1-r (``[B, S, H, D]``, S / 2 each, as :func:`to_zigzag`
+    gives them; y likewise). Keys from device s != r are either all earlier than one of r's
+    chunks and later than the other's whole (s > r: r's second half against all of s) or hold one
+    chunk earlier than both of r's and one later (s < r: all of r against s's first half): half a
+    block either way, so every device does the same work at every step of the ring, where the
+    contiguous ring gives device N-1 N blocks and device 0 one."""
+
+    def halves(x):
+        h = x.shape[1] // 2
+        return x[:, :h], x[:, h:]
+
+    def seg_halves(seg):
+        return (None, None) if seg is None else halves(seg)
+
+    def lse_cat(a, b):
+        return jnp.concatenate([a, b], axis=2)  # lse is [B, H, S]
+
+    def forward(q, k, v, seg):
+        r = lax.axis_index(SEQ)
+        (qa, qb), (ka, kb), (va, vb), (sa, sb) = halves(q), halves(k), halves(v), seg_halves(seg)
+        # The diagonal: chunk r causally; chunk 2N-1-r against chunk r in full, itself causally.
+        oa, la = block.fwd(qa, ka, va, sa, sa, True)
+        ob, lb = block.fwd(qb, ka, va, sb, sa, False)
+        ob, lb = _combine(ob, lb, *block.fwd(qb, kb, vb, sb, sb, True))
+        o, lse = jnp.concatenate([oa, ob], axis=1), lse_cat(la, lb)
+
+        def step(t, carry):
+            o, lse, kv = carry
+            kv = jax.tree.map(lambda x: _next(x, n), kv)  # now device (r - t) mod N's
+            k_s, v_s, seg_s = kv
+            h = k_s.shape[1] // 2
+
+            def early(o, lse):  # s < r: all of r's queries against s's first chunk
+                sk = None if seg_s is None else seg_s[:, :h]
+                return _combine(o, lse, *block.fwd(q, k_s[:, :h], v_s[:, :h], seg, sk, False))
+
+            def late(o, lse):  # s > r: r's second chunk against both of s's
+                ob, lb = _combine(
+                    o[:, h:], lse[..., h:], *block.fwd(qb, k_s, v_s, sb, seg_s, False)
+                )
+                return jnp.concatenate([o[:, :h], ob], axis=1), lse_cat(lse[..., :h], lb)
+
+            o, lse = lax.cond((r - t) % n < r, early, late, o, lse)
+            return o, lse, kv
+
+        # Unrolled, as the contiguous ring (ring_attention).
+        carry = (o, lse, (k, v, seg))
+        for t in range(1, n):
+            carry = step(t, carry)
+        o, lse, _ = carry
+        return o.astype(q.dtype), lse
+
+    @jax.custom_vjp
+    def attend(q, k, v, seg):
+        return forward(q, k, v, seg)[0]
+
+    def fwd(q, k, v, seg):
+        y, lse = forward(q, k, v, seg)
+        return y, (q, k, v, seg, y, lse)
+
+    def bwd(res, dy):
+        q, k, v, seg, y, lse = res
+        r = lax.axis_index(SEQ)
+        (qa, qb), (ka, kb), (va, vb), (sa, sb) = halves(q), halves(k), halves(v), seg_halves(seg)
+        (ya, yb), (dya, dyb) = halves(y), halves(dy)
+        h = qa.shape[1]
+        la, lb = lse[..., :h], lse[..., h:]
+        gqa, gka, gva = block.bwd(qa, ka, va, sa, sa, True, ya, la, dya)
+        gqb, gka2, gva2 = block.bwd(qb, ka, va, sb, sa, False, yb, lb, dyb)
+        gqb2, gkb, gvb = block.bwd(qb, kb, vb, sb, sb, True, yb, lb, dyb)
+        dq = jnp.concatenate([gqa, gqb + gqb2], axis=1)
+        dk = jnp.concatenate([gka + gka2, gkb], axis=1)
+        dv = jnp.concatenate([gva + gva2, gvb], axis=1)
+
+        def step(t, carry):
+            dq, kv, dkv = carry
+            kv, dkv = jax.tree.map(lambda x: _next(x, n), (kv, dkv))
+            k_s, v_s, seg_s = kv
+
+            def early(dq, dkv):
+                sk = None if seg_s is None else seg_s[:, :h]
+                gq, gk, gv = block.bwd(q, k_s[:, :h], v_s[:, :h], seg, sk, False, y, lse, dy)
+                pad = lambda g: jnp.concatenate([g, jnp.zeros_like(g)], axis=1)  # noqa: E731
+                return dq + gq, (dkv[0] + pad(gk), dkv[1] + pad(gv))
+
+            def late(dq, dkv):
+                gq, gk, gv = block.bwd(qb, k_s, v_s, sb, seg_s, False, yb, lb, dyb)
+                dq = jnp.concatenate([dq[:, :h], dq[:, h:] + gq], axis=1)
+                return dq, (dkv[0] + gk, dkv[1] + gv)
+
+            dq, dkv = lax.cond((r - t) % n < r, early, late, dq, dkv)
+            return dq, kv, dkv
+
+        carry = (dq, (k, v, seg), (dk, dv))
+        for t in range(1, n):
+            carry = step(t, carry)
+        dq, _, dkv = carry
+        dk, dv = (_next(x.astype(t.dtype), n) for x, t in zip(dkv, (k, v)))
+        dseg = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
+        return dq.astype(q.dtype), dk, dv, dseg
+
+    attend.defvjp(fwd, bwd)
+    return attend
+
+
+def ring_local(block: Block, n: int, ring: str = "zigzag"):
+    """The per-slice function :func:`linear_gpt2.attention.context.over_sequence` runs: the
+    balanced ring (``zigzag``: each slice's q, k, v, segment ids moved to the balanced layout
+    and the output moved back, :func:`to_zigzag`) or the ``contiguous`` one."""
+    if ring not in RINGS:
+        raise ValueError(f"ring={ring!r} is not one of {', '.join(RINGS)}")
+    if ring == "contiguous":
+        attend = ring_attention(block, n)
+    else:
+        zz = zigzag_ring_attention(block, n)
+
+        def attend(q, k, v, seg):
+            q, k, v = (to_zigzag(x, n) for x in (q, k, v))
+            return from_zigzag(zz(q, k, v, None if seg is None else to_zigzag(seg, n)), n)
 
     def local(q, k, v, resets=None, log_gate=None):
         del log_gate  # softmax attention has no decay
@@ -255,16 +413,31 @@ def ring_local(block: Block, n: int):
     return local
 
 
-def modelled_ring_bytes(B: int, T: int, H: int, D: int, n: int, itemsize: int) -> dict:
+def modelled_ring_bytes(
+    B: int, T: int, H: int, D: int, n: int, itemsize: int, ring: str = "zigzag"
+) -> dict:
     """Bytes one device sends per layer round the ring (a MODEL): the forward passes N - 1 of
     its N slices of K and V, (N - 1) / N of the whole K and V; the backward passes K, V again
     and their float32 gradient accumulators N - 1 times, plus one last hop of the gradients home
-    in the inputs' dtype. Segment ids (4 bytes a token, with resets) are left out."""
+    in the inputs' dtype. The balanced ring adds the relayout (``relayout``, in both totals):
+    forward q, k, v to the balanced layout and the output back (four slices), backward their
+    cotangents the other way (four slices). Segment ids (4 bytes a token, with resets) are left
+    out."""
     S = T // n
     kv = 2 * B * S * H * D * itemsize
     dkv = 2 * B * S * H * D * 4
+    relayout = 4 * B * S * H * D * itemsize if ring == "zigzag" else 0
     return {
-        "forward": (n - 1) * kv,
-        "backward": (n - 1) * (kv + dkv) + kv,
+        "forward": (n - 1) * kv + relayout,
+        "backward": (n - 1) * (kv + dkv) + kv + relayout,
+        "relayout": relayout,
         "kv_whole_sequence": 2 * B * T * H * D * itemsize,
     }
+
+
+def modelled_critical_blocks(n: int, ring: str = "zigzag") -> float:
+    """The attention work on the ring's critical path, in units of one [T/N, T/N] block of
+    scores (a MODEL; a causal block counts half): every step waits for the slowest device. The
+    contiguous ring's device N-1 attends to every earlier slice, 1/2 + (N-1); the balanced
+    ring's devices each do half a block a step, 1/2 + (N-1)/2."""
+    return 0.5 + (n - 1) * (0.5 if ring == "zigzag" else 1.0)

@@ -137,10 +137,10 @@ def validate_context(
             f"train.context_parallel={n} does not divide data.context={context} into equal "
             f"slices; use a context that {n} divides (e.g. {context // n * n or n})"
         )
-    if spec.context_problem is None:
-        return
-    tokens = context // n
-    problem = spec.context_problem(tokens, kwargs_for(spec, options))
+    tokens, kwargs = context // n, kwargs_for(spec, options)
+    problem = None if spec.context_problem is None else spec.context_problem(tokens, kwargs)
+    if not problem and n > 1 and spec.slice_problem is not None:
+        problem = spec.slice_problem(tokens, n, kwargs)
     if problem:
         where = (
             f"data.context={context}"

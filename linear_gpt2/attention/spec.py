@@ -76,7 +76,9 @@ class AttentionSpec:
     - ``resets``, ``decay``, ``dropout``: whether ``fn`` takes document resets, decay gates and
       attention-weight dropout.
     - ``check(options)``: raise ``ValueError`` for values it cannot take (one line naming the
-      option); ``context_problem(T, options)``: why a sequence length does not suit, or None.
+      option); ``context_problem(T, options)``: why a sequence length does not suit, or None;
+      ``slice_problem(S, N, options)``: with the sequence split over N devices, S tokens each,
+      why that split does not suit (beyond ``context_problem(S, ...)``), or None.
     - ``stats(q, k, v, y, resets, log_gate, options) -> {name: scalar}``: extra diagnostics of one
       layer (``log.diagnostics``), or None.
     - ``kernel_design(shape, dtype, options) -> str``: the implementation ``kernel`` resolves to
@@ -101,6 +103,7 @@ class AttentionSpec:
     dropout: bool = False
     check: Callable[[Mapping[str, Any]], None] | None = None
     context_problem: Callable[[int, Mapping[str, Any]], str | None] | None = None
+    slice_problem: Callable[[int, int, Mapping[str, Any]], str | None] | None = None
     stats: Callable[..., dict[str, jax.Array]] | None = None
     kernel_design: Callable[..., str] | None = None
     sweep_chunk_size: bool = False

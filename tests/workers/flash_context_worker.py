@@ -1,7 +1,8 @@
 """Worker for tests/test_flash_context.py: ``flash`` (kernel=xla) under context parallelism on 8
 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set by the test) against the
 same attention on one device: loss, output and gradients, float32 at matmul precision highest,
-for every (data, seq) mesh and document layout. Prints one JSON object: case -> errors."""
+for every (data, seq) mesh, document layout and ring (balanced and contiguous); and which
+positions each device holds in the balanced layout. Prints one JSON object: case -> errors."""
 
 import json
 import sys
@@ -13,6 +14,8 @@ from jax.sharding import Mesh
 
 import linear_gpt2  # noqa: F401  (JAX's environment first)
 from linear_gpt2 import attention
+from linear_gpt2.attention import flash_context
+from linear_gpt2.attention.context import over_sequence
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -37,16 +40,35 @@ def resets_cases() -> dict:
     return {"plain": none, "resets": jnp.asarray(r)}
 
 
+def zigzag_layout(n: int) -> list[list[int]]:
+    """The positions device r holds after to_zigzag, and whether from_zigzag restores the
+    sequence: [[positions of device 0], ...] (or None when the round trip fails)."""
+    x = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :, None, None], (1, T, 1, 1))
+    devs = np.array(jax.devices()[:n]).reshape(1, n)
+    with jax.set_mesh(Mesh(devs, ("data", "seq"))):
+        zz = jax.jit(lambda x: over_sequence(lambda x, *_: flash_context.to_zigzag(x, n), x, x, x))
+        back = jax.jit(
+            lambda x: over_sequence(
+                lambda x, *_: flash_context.from_zigzag(flash_context.to_zigzag(x, n), n), x, x, x
+            )
+        )
+        held = np.asarray(zz(x))[0, :, 0, 0].reshape(n, T // n)
+        ok = bool((np.asarray(back(x)) == np.asarray(x)).all())
+    return held.tolist() if ok else None
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))
     w = jnp.asarray(rng.uniform(0.5, 1.5, size=(B, T, H, D)), jnp.float32)
-    fn = attention.get("flash", kernel="xla")
-    out = {}
-    for name, resets in resets_cases().items():
+    out = {f"layout seq={n}": zigzag_layout(n) for n in (2, 4, 8)}
+    for ring, name, resets in [
+        (r, *c) for r in flash_context.RINGS for c in resets_cases().items()
+    ]:
+        fn = attention.get("flash", kernel="xla", ring=ring)
         kw = {} if resets is None else {"resets": resets}
 
-        def loss(q, k, v, kw=kw):
+        def loss(q, k, v, kw=kw, fn=fn):
             y = fn(q, k, v, **kw)
             return jnp.sum(w * y * y), y
 
@@ -56,7 +78,7 @@ def main() -> None:
             devs = np.array(jax.devices()[: data * seq]).reshape(data, seq)
             with jax.set_mesh(Mesh(devs, ("data", "seq"))):
                 (l1, y1), g1 = jax.jit(grad)(q, k, v)
-            out[f"{name} data={data} seq={seq}"] = {
+            out[f"{ring} {name} data={data} seq={seq}"] = {
                 "loss": abs(float(l1) - float(l0)) / abs(float(l0)),
                 "y": rel(y1, y0),
                 "grads": max(rel(a, b) for a, b in zip(g1, g0)),

@@ -119,3 +119,31 @@ def summary(raw: Raw) -> str:
         f"([`{r['config']}`]({r['config']}))"
         for r in rows
     )
+
+
+@renderer("context_parallel.rings")
+def rings(raw: Raw) -> str:
+    """``flash_context_h100x8_compiled.json``: one layer's ring attention per context and ring
+    layout, compiled for one node: memory, bytes counted and modelled, and the MODEL of the
+    busiest device's work."""
+    prov = provenance(raw.data)
+    body = [
+        [context_label(r["context"]), f"{r['per_device_tokens']:,}", f"`{r.get('ring', 'contiguous')}`",
+         r["cudnn_calls_in_hlo"], gib(r["memory_bytes"]),
+         f"{_gb(r['compiled_ring_bytes']['forward'])} / {_gb(r['compiled_ring_bytes']['backward'])}",
+         f"{_gb(r['modelled_ring_bytes']['forward'])} / {_gb(r['modelled_ring_bytes']['backward'])}",
+         f"{r['modelled_critical_blocks']:g}" if "modelled_critical_blocks" in r else "n/a"]
+        for r in sorted(raw.data["rows"], key=lambda r: (r["context"], r.get("ring", "")))
+    ]  # fmt: skip
+    header = ["context", "tokens per GPU", "ring", "cuDNN calls", "GiB per GPU",
+              "sent GB fwd / bwd (counted)", "model fwd / bwd", "critical path, blocks (model)"]  # fmt: skip
+    return "\n".join([
+        "**Compiled, not run**: one layer's `flash` attention of the 124M model (batch 1, bf16), "
+        "forward + backward, over the 8 GPUs of one node (`benchmarks/flash_context_memory.py`). "
+        "The balanced ring (`zigzag`) against the contiguous one: bytes per GPU per layer "
+        "counted from the compiled program beside their MODEL, and the MODELLED critical path "
+        "(the busiest GPU's attention in [T/N, T/N] blocks, a causal block counting half). "
+        f"jax {prov['jax']}, commit {short(prov['commit'])}.",
+        "",
+        table(header, body, "lrlrrrrr"),
+    ])  # fmt: skip
