@@ -23,6 +23,9 @@ for var, value in {
     "XDG_CACHE_HOME": os.path.join(_tmp, "cache"),
     "XDG_CONFIG_HOME": os.path.join(_tmp, "config"),
     "HF_HOME": os.path.join(_tmp, "hf"),
+    # The parity tests' PyTorch (its compiler's cache) and anything reaching tiktoken's loader.
+    "TORCHINDUCTOR_CACHE_DIR": os.path.join(_tmp, "torchinductor"),
+    "TIKTOKEN_CACHE_DIR": os.path.join(_tmp, "tiktoken"),
     "LINEAR_GPT2_CACHE": os.path.join(_tmp, "linear_gpt2_cache"),
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",

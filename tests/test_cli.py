@@ -303,22 +303,27 @@ def test_missing_optional_package_names_the_install_command():
 
 @SLOW
 def test_entry_points_write_nothing_under_home(tmp_path):
-    """Each entry point runs with HOME an empty directory and none of the cache variables the
-    test suite sets; wandb (offline), datasets, matplotlib and JAX leave HOME empty."""
-    home = tmp_path / "home"
+    """Each entry point runs with HOME and the system's temporary directory empty directories
+    and none of the cache variables the test suite sets; wandb (offline), datasets, matplotlib,
+    tiktoken and JAX leave both empty."""
+    home, system_tmp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "XDG_", "HF_"))}
+    system_tmp.mkdir()
+    drop = ("WANDB_", "XDG_", "HF_", "TIKTOKEN_", "TORCHINDUCTOR_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     for var in ("MPLCONFIGDIR", "LINEAR_GPT2_CACHE"):
         env.pop(var, None)
     env.update(HOME=str(home), LINEAR_GPT2_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
     env.update(WANDB_MODE="offline", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.update(TMPDIR=str(system_tmp))
 
     def ok(*cmd: str) -> None:
         proc = subprocess.run(
             [sys.executable, *cmd], env=env, capture_output=True, text=True, cwd=tmp_path
         )
         assert proc.returncode == 0, (cmd, proc.stderr[-3000:])
-        assert not list(home.rglob("*")), (cmd, sorted(map(str, home.rglob("*"))))
+        for where in (home, system_tmp):
+            assert not list(where.rglob("*")), (cmd, sorted(map(str, where.rglob("*"))))
 
     run_dir = tmp_path / "run"
     corpus = _c4_dir(tmp_path / "c4", docs=40)
@@ -559,7 +564,10 @@ def test_the_test_suite_leaves_nothing_in_the_system_temp_directory(tmp_path):
     test = "tests/test_cli.py::test_shard_with_ids_outside_the_vocabulary_fails_when_opened"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", test, test],
-        env=env, capture_output=True, text=True, cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not list(system_tmp.glob("linear_gpt2_tests_*")), sorted(system_tmp.iterdir())

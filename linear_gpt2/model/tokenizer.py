@@ -8,12 +8,12 @@ pattern, so ids are identical to ``get_encoding("gpt2")``.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 from importlib import resources
 
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 from tiktoken_ext.openai_public import r50k_pat_str
 
 EOT = 50256  # <|endoftext|>, the document separator
@@ -32,7 +32,11 @@ def gpt2() -> tiktoken.Encoding:
             f"{path} is corrupt (sha256 {digest}, expected {RANKS_SHA256}); reinstall the package "
             "or restore the file from git"
         )
-    ranks = load_tiktoken_bpe(str(path), expected_hash=RANKS_SHA256)
+    # tiktoken's format (token in base64, rank, a line each), read from the bytes checked
+    # above: tiktoken's own loader copies any file it reads into a cache under the system's
+    # temporary directory, outside the run directory.
+    lines = (line.split() for line in data.splitlines() if line)
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in lines}
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=r50k_pat_str,
