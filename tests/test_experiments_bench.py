@@ -158,3 +158,28 @@ def test_frontier_sweep_stops_at_the_first_misfit_and_resumes_without_losing_poi
     n = len(compiled)
     assert script.main([*common, *ctx, "--attentions", "flash", "softmax"]) == 0
     assert len(compiled) == n  # every point was already in the file
+
+
+def test_commit_is_dirty_only_for_code(tmp_path, monkeypatch):
+    """A raw file, a page or the README changed since HEAD leave the commit clean (a benchmark
+    writes its file after every point); a changed code file marks it ``+dirty``."""
+    import subprocess
+
+    from linear_gpt2.platform import provenance
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    for rel in ("benchmarks/results/x.json", "docs/a.md", "README.md", "linear_gpt2/m.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("0\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    for rel in ("benchmarks/results/x.json", "docs/a.md", "README.md"):
+        (tmp_path / rel).write_text("1\n")
+    head = provenance.git_commit()
+    assert head is not None and len(head) == 40, head
+    (tmp_path / "linear_gpt2/m.py").write_text("1\n")
+    assert provenance.git_commit() == head + "+dirty"

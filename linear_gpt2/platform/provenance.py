@@ -24,14 +24,29 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 
 
+# What a run writes (raw files and the pages rendered from them) and prose: changes there do not
+# change the code a number came from. A benchmark that writes its file after each point would
+# otherwise mark every later point dirty by its own output.
+NOT_CODE = ("benchmarks/results", "docs", "README.md")
+
+
 def git_commit() -> str | None:
-    """The repository's HEAD commit, with ``+dirty`` when the work tree has changes."""
+    """The repository's HEAD commit, with ``+dirty`` when the work tree has changes to tracked
+    files other than :data:`NOT_CODE`."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                *(f":(exclude){p}" for p in NOT_CODE),
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,
