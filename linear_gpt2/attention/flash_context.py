@@ -184,32 +184,27 @@ def _next(x, n):
     return lax.ppermute(x, SEQ, [(i, (i + 1) % n) for i in range(n)])
 
 
-def ring_attention(block: Block, n: int):
-    """``local(q, k, v, seg) -> y`` for one device inside ``shard_map`` over :data:`SEQ` with
-    ``n`` slices: q, k, v ``[B, S, H, D]``, seg int32 ``[B, S]`` (global segment ids) or None,
-    y ``[B, S, H, D]`` in q's dtype."""
+def _ring(n: int, diag_fwd, step_fwd, diag_bwd, step_bwd):
+    """``attend(q, k, v, seg) -> y`` going round the ring of ``n`` devices, with its blockwise
+    ``custom_vjp``; a layout gives its four parts (each device's own q, k, v ``[B, S, H, D]``,
+    seg int32 ``[B, S]`` or None; ``kv`` the arriving slice's (k, v, seg), from device (r - t)
+    mod N at step t):
+
+    - ``diag_fwd(q, k, v, seg) -> (o, lse)``: the device's own keys;
+    - ``step_fwd(t, q, seg, kv, o, lse) -> (o, lse)``: fold in the arriving slice;
+    - ``diag_bwd(q, k, v, seg, y, lse, dy) -> (dq, dk, dv)``, float32;
+    - ``step_bwd(t, q, seg, kv, y, lse, dy, dq, dkv) -> (dq, dkv)``: ``dkv`` the float32
+      accumulators that travel with the arriving slice.
+
+    The N - 1 steps are unrolled, not a fori_loop: XLA's GPU compiler (jax 0.11.2) crashed on
+    cuDNN attention inside a loop nested in the model's layer scan."""
 
     def forward(q, k, v, seg):
-        r = lax.axis_index(SEQ)
-        o, lse = block.fwd(q, k, v, seg, seg, True)
-
-        def step(t, carry):
-            o, lse, kv = carry
-            kv = jax.tree.map(lambda x: _next(x, n), kv)  # now slice r - t's keys and values
-
-            def attend(o, lse):
-                ob, lb = block.fwd(q, kv[0], kv[1], seg, kv[2], False)
-                return _combine(o, lse, ob, lb)
-
-            o, lse = lax.cond(t <= r, attend, lambda o, lse: (o, lse), o, lse)
-            return o, lse, kv
-
-        # The ring's N - 1 steps unrolled, not a fori_loop: XLA's GPU compiler (jax 0.11.2)
-        # crashed on cuDNN attention inside a loop nested in the model's layer scan.
-        carry = (o, lse, (k, v, seg))
+        o, lse = diag_fwd(q, k, v, seg)
+        kv = (k, v, seg)
         for t in range(1, n):
-            carry = step(t, carry)
-        o, lse, _ = carry
+            kv = jax.tree.map(lambda x: _next(x, n), kv)
+            o, lse = step_fwd(t, q, seg, kv, o, lse)
         return o.astype(q.dtype), lse
 
     @jax.custom_vjp
@@ -222,24 +217,11 @@ def ring_attention(block: Block, n: int):
 
     def bwd(res, dy):
         q, k, v, seg, y, lse = res
-        r = lax.axis_index(SEQ)
-        dq, dk, dv = block.bwd(q, k, v, seg, seg, True, y, lse, dy)
-
-        def step(t, carry):
-            dq, kv, dkv = carry
-            kv, dkv = jax.tree.map(lambda x: _next(x, n), (kv, dkv))
-
-            def grads(dq, dkv):
-                gq, gk, gv = block.bwd(q, kv[0], kv[1], seg, kv[2], False, y, lse, dy)
-                return dq + gq, (dkv[0] + gk, dkv[1] + gv)
-
-            dq, dkv = lax.cond(t <= r, grads, lambda dq, dkv: (dq, dkv), dq, dkv)
-            return dq, kv, dkv
-
-        carry = (dq, (k, v, seg), (dk, dv))
+        dq, dk, dv = diag_bwd(q, k, v, seg, y, lse, dy)
+        kv, dkv = (k, v, seg), (dk, dv)
         for t in range(1, n):
-            carry = step(t, carry)
-        dq, _, dkv = carry
+            kv, dkv = jax.tree.map(lambda x: _next(x, n), (kv, dkv))
+            dq, dkv = step_bwd(t, q, seg, kv, y, lse, dy, dq, dkv)
         # Each slice's gradients back home, in the inputs' dtype (summed in float32 round the ring)
         dk, dv = (_next(x.astype(t.dtype), n) for x, t in zip(dkv, (k, v)))
         dseg = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
@@ -247,6 +229,34 @@ def ring_attention(block: Block, n: int):
 
     attend.defvjp(fwd, bwd)
     return attend
+
+
+def ring_attention(block: Block, n: int):
+    """``local(q, k, v, seg) -> y`` for one device inside ``shard_map`` over :data:`SEQ` with
+    ``n`` contiguous slices: q, k, v ``[B, S, H, D]``, seg int32 ``[B, S]`` (global segment ids)
+    or None, y ``[B, S, H, D]`` in q's dtype. Device r attends to slice r - t at step t while
+    t <= r and idles after."""
+
+    def diag_fwd(q, k, v, seg):
+        return block.fwd(q, k, v, seg, seg, True)
+
+    def step_fwd(t, q, seg, kv, o, lse):
+        def attend(o, lse):
+            return _combine(o, lse, *block.fwd(q, kv[0], kv[1], seg, kv[2], False))
+
+        return lax.cond(t <= lax.axis_index(SEQ), attend, lambda o, lse: (o, lse), o, lse)
+
+    def diag_bwd(q, k, v, seg, y, lse, dy):
+        return block.bwd(q, k, v, seg, seg, True, y, lse, dy)
+
+    def step_bwd(t, q, seg, kv, y, lse, dy, dq, dkv):
+        def grads(dq, dkv):
+            gq, gk, gv = block.bwd(q, kv[0], kv[1], seg, kv[2], False, y, lse, dy)
+            return dq + gq, (dkv[0] + gk, dkv[1] + gv)
+
+        return lax.cond(t <= lax.axis_index(SEQ), grads, lambda dq, dkv: (dq, dkv), dq, dkv)
+
+    return _ring(n, diag_fwd, step_fwd, diag_bwd, step_bwd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,101 +303,66 @@ def zigzag_ring_attention(block: Block, n: int):
     contiguous ring gives device N-1 N blocks and device 0 one."""
 
     def halves(x):
-        h = x.shape[1] // 2
-        return x[:, :h], x[:, h:]
+        return (None, None) if x is None else (x[:, : x.shape[1] // 2], x[:, x.shape[1] // 2 :])
 
-    def seg_halves(seg):
-        return (None, None) if seg is None else halves(seg)
-
-    def lse_cat(a, b):
-        return jnp.concatenate([a, b], axis=2)  # lse is [B, H, S]
-
-    def forward(q, k, v, seg):
+    def early(t):  # the arriving slice came from s = (r - t) mod N < r
         r = lax.axis_index(SEQ)
-        (qa, qb), (ka, kb), (va, vb), (sa, sb) = halves(q), halves(k), halves(v), seg_halves(seg)
-        # The diagonal: chunk r causally; chunk 2N-1-r against chunk r in full, itself causally.
+        return (r - t) % n < r
+
+    def diag_fwd(q, k, v, seg):
+        # Chunk r causally; chunk 2N-1-r against chunk r in full, itself causally.
+        (qa, qb), (ka, kb), (va, vb), (sa, sb) = halves(q), halves(k), halves(v), halves(seg)
         oa, la = block.fwd(qa, ka, va, sa, sa, True)
         ob, lb = block.fwd(qb, ka, va, sb, sa, False)
         ob, lb = _combine(ob, lb, *block.fwd(qb, kb, vb, sb, sb, True))
-        o, lse = jnp.concatenate([oa, ob], axis=1), lse_cat(la, lb)
+        return jnp.concatenate([oa, ob], axis=1), jnp.concatenate([la, lb], axis=2)
 
-        def step(t, carry):
-            o, lse, kv = carry
-            kv = jax.tree.map(lambda x: _next(x, n), kv)  # now device (r - t) mod N's
-            k_s, v_s, seg_s = kv
-            h = k_s.shape[1] // 2
+    def step_fwd(t, q, seg, kv, o, lse):
+        (k_s, v_s, seg_s), h = kv, q.shape[1] // 2
 
-            def early(o, lse):  # s < r: all of r's queries against s's first chunk
-                sk = None if seg_s is None else seg_s[:, :h]
-                return _combine(o, lse, *block.fwd(q, k_s[:, :h], v_s[:, :h], seg, sk, False))
+        def all_queries(o, lse):  # against the source's first chunk
+            first = None if seg_s is None else seg_s[:, :h]
+            return _combine(o, lse, *block.fwd(q, k_s[:, :h], v_s[:, :h], seg, first, False))
 
-            def late(o, lse):  # s > r: r's second chunk against both of s's
-                ob, lb = _combine(
-                    o[:, h:], lse[..., h:], *block.fwd(qb, k_s, v_s, sb, seg_s, False)
-                )
-                return jnp.concatenate([o[:, :h], ob], axis=1), lse_cat(lse[..., :h], lb)
+        def second_half(o, lse):  # r's second chunk against both of the source's
+            sb = None if seg is None else seg[:, h:]
+            ob, lb = block.fwd(q[:, h:], k_s, v_s, sb, seg_s, False)
+            ob, lb = _combine(o[:, h:], lse[..., h:], ob, lb)
+            return (jnp.concatenate([o[:, :h], ob], axis=1),
+                    jnp.concatenate([lse[..., :h], lb], axis=2))  # fmt: skip
 
-            o, lse = lax.cond((r - t) % n < r, early, late, o, lse)
-            return o, lse, kv
+        return lax.cond(early(t), all_queries, second_half, o, lse)
 
-        # Unrolled, as the contiguous ring (ring_attention).
-        carry = (o, lse, (k, v, seg))
-        for t in range(1, n):
-            carry = step(t, carry)
-        o, lse, _ = carry
-        return o.astype(q.dtype), lse
-
-    @jax.custom_vjp
-    def attend(q, k, v, seg):
-        return forward(q, k, v, seg)[0]
-
-    def fwd(q, k, v, seg):
-        y, lse = forward(q, k, v, seg)
-        return y, (q, k, v, seg, y, lse)
-
-    def bwd(res, dy):
-        q, k, v, seg, y, lse = res
-        r = lax.axis_index(SEQ)
-        (qa, qb), (ka, kb), (va, vb), (sa, sb) = halves(q), halves(k), halves(v), seg_halves(seg)
-        (ya, yb), (dya, dyb) = halves(y), halves(dy)
-        h = qa.shape[1]
+    def diag_bwd(q, k, v, seg, y, lse, dy):
+        (qa, qb), (ka, kb), (va, vb), (sa, sb) = halves(q), halves(k), halves(v), halves(seg)
+        (ya, yb), (dya, dyb), h = halves(y), halves(dy), q.shape[1] // 2
         la, lb = lse[..., :h], lse[..., h:]
         gqa, gka, gva = block.bwd(qa, ka, va, sa, sa, True, ya, la, dya)
         gqb, gka2, gva2 = block.bwd(qb, ka, va, sb, sa, False, yb, lb, dyb)
         gqb2, gkb, gvb = block.bwd(qb, kb, vb, sb, sb, True, yb, lb, dyb)
-        dq = jnp.concatenate([gqa, gqb + gqb2], axis=1)
-        dk = jnp.concatenate([gka + gka2, gkb], axis=1)
-        dv = jnp.concatenate([gva + gva2, gvb], axis=1)
+        cat = lambda a, b: jnp.concatenate([a, b], axis=1)  # noqa: E731
+        return cat(gqa, gqb + gqb2), cat(gka + gka2, gkb), cat(gva + gva2, gvb)
 
-        def step(t, carry):
-            dq, kv, dkv = carry
-            kv, dkv = jax.tree.map(lambda x: _next(x, n), (kv, dkv))
-            k_s, v_s, seg_s = kv
+    def step_bwd(t, q, seg, kv, y, lse, dy, dq, dkv):
+        (k_s, v_s, seg_s), h = kv, q.shape[1] // 2
 
-            def early(dq, dkv):
-                sk = None if seg_s is None else seg_s[:, :h]
-                gq, gk, gv = block.bwd(q, k_s[:, :h], v_s[:, :h], seg, sk, False, y, lse, dy)
-                pad = lambda g: jnp.concatenate([g, jnp.zeros_like(g)], axis=1)  # noqa: E731
-                return dq + gq, (dkv[0] + pad(gk), dkv[1] + pad(gv))
+        def all_queries(dq, dkv):
+            first = None if seg_s is None else seg_s[:, :h]
+            gq, gk, gv = block.bwd(q, k_s[:, :h], v_s[:, :h], seg, first, False, y, lse, dy)
+            pad = lambda g: jnp.concatenate([g, jnp.zeros_like(g)], axis=1)  # noqa: E731
+            return dq + gq, (dkv[0] + pad(gk), dkv[1] + pad(gv))
 
-            def late(dq, dkv):
-                gq, gk, gv = block.bwd(qb, k_s, v_s, sb, seg_s, False, yb, lb, dyb)
-                dq = jnp.concatenate([dq[:, :h], dq[:, h:] + gq], axis=1)
-                return dq, (dkv[0] + gk, dkv[1] + gv)
+        def second_half(dq, dkv):
+            sb = None if seg is None else seg[:, h:]
+            gq, gk, gv = block.bwd(
+                q[:, h:], k_s, v_s, sb, seg_s, False, y[:, h:], lse[..., h:], dy[:, h:]
+            )
+            dq = jnp.concatenate([dq[:, :h], dq[:, h:] + gq], axis=1)
+            return dq, (dkv[0] + gk, dkv[1] + gv)
 
-            dq, dkv = lax.cond((r - t) % n < r, early, late, dq, dkv)
-            return dq, kv, dkv
+        return lax.cond(early(t), all_queries, second_half, dq, dkv)
 
-        carry = (dq, (k, v, seg), (dk, dv))
-        for t in range(1, n):
-            carry = step(t, carry)
-        dq, _, dkv = carry
-        dk, dv = (_next(x.astype(t.dtype), n) for x, t in zip(dkv, (k, v)))
-        dseg = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
-        return dq.astype(q.dtype), dk, dv, dseg
-
-    attend.defvjp(fwd, bwd)
-    return attend
+    return _ring(n, diag_fwd, step_fwd, diag_bwd, step_bwd)
 
 
 def ring_local(block: Block, n: int, ring: str = "zigzag"):
