@@ -37,6 +37,16 @@ def _rows(raw: Raw) -> list[dict[str, Any]]:
     return sorted(raw.data["rows"], key=lambda r: (r["devices"], r["attention"], r["context"]))
 
 
+def _commits(rows: list[dict[str, Any]]) -> str:
+    """The commit each point was compiled at (a point can be compiled again alone)."""
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(short(r["environment"]["git_commit"]), []).append(_point(r))
+    if len(by) == 1:
+        return f"commit {next(iter(by))}"
+    return "commits " + "; ".join(f"{c} ({', '.join(points)})" for c, points in by.items())
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     """One row per point; links relative to ``benchmarks/results/``."""
     header = ["point", "target", "N (seq)", "tokens per GPU", "memory setting", "GiB per GPU",
@@ -76,7 +86,7 @@ def page(raw: Raw) -> str:
         "the model beside them is MODELLED (the slice states per layer for linear attention, "
         "(N-1)/N of K and V per layer for flash's ring; with rematerialisation the forward's "
         "exchange runs twice). No time here: links' speeds are the GPU's to measure. "
-        f"jax {prov['jax']}, commit {short(prov['commit'])}.",
+        f"jax {prov['jax']}, {_commits(rows)}.",
         "",
         _table(rows),
         "",
