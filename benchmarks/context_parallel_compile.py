@@ -43,6 +43,7 @@ POINTS = {
     "124M_LT_chunked_8M_cp8": "h100x8",
     "1.6B_LT_chunked_1M_cp8": "h100x8",
     "124M_flash_2M_cp8": "h100x8",
+    "124M_flash_2M_cp8_docs": "h100x8",
     "124M_LT_chunked_16M_cp16": "h100x16",
 }
 START_RUNG = 3  # memory_plan.LADDER: (LOSS_CHUNK, "full")
@@ -111,6 +112,7 @@ def compile_point(stem: str, target: str) -> dict:
         "target": target,
         "devices": devices,
         "attention": cfg.attention.name,
+        "doc_reset": cfg.attention.doc_reset,
         "kernel": report.config.kernel,
         "n_params": n_params,
         "context": cfg.data.context,

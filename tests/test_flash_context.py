@@ -98,6 +98,44 @@ def test_xla_block_backward_matches_float64_autodiff():
         assert rel_err(g, w) < 1e-5
 
 
+@pytest.mark.parametrize(
+    "Sq,Sk,causal,tile",
+    [(13, 13, True, 4), (12, 12, True, 5), (16, 8, False, 3), (8, 16, False, 4), (9, 9, True, 9)],
+)
+@pytest.mark.parametrize("documents", [True, False])
+def test_tiled_block_matches_float64_and_the_xla_block(Sq, Sk, causal, tile, documents):
+    """The tiled block's (o, lse) against float64 (rows with no key: lse -inf, output 0), and
+    its backward, from a finite combined (o, lse) as the ring gives it, against the XLA block's
+    (itself checked against float64 autodiff above); tiles that do not divide the block (13 by
+    4: 1, and prime lengths), unequal query and key lengths, one tile."""
+    B, H, D = 2, 3, 5
+    rng = np.random.default_rng(Sq * 100 + Sk + tile)
+    q, do = (jnp.asarray(rng.normal(size=(B, Sq, H, D)), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.normal(size=(B, Sk, H, D)), jnp.float32) for _ in range(2))
+    seg_q = seg_k = None
+    if documents:
+        seg_k = _segments(rng, B, Sk)
+        seg_q = seg_k if causal else seg_k[:, -1:] + _segments(rng, B, Sq)
+    block = flash_context.tiled_block(tile)
+    with jax.default_matmul_precision("highest"):
+        o, lse = jax.jit(block.fwd, static_argnums=5)(q, k, v, seg_q, seg_k, causal)
+    mask = flash_context.block_mask(Sq, Sk, seg_q, seg_k, causal)
+    mask = np.ones((1, Sq, Sk), bool) if mask is None else np.asarray(mask)
+    o_ref, lse_ref = _reference(q, k, v, np.broadcast_to(mask, (B, Sq, Sk)))
+    assert rel_err(o, o_ref) < 1e-6
+    assert np.array_equal(np.isinf(np.asarray(lse)), np.isinf(lse_ref))
+    alive = np.isfinite(lse_ref)
+    assert rel_err(np.asarray(lse)[alive], lse_ref[alive]) < 1e-6
+    # The combined lse of a ring's rows is finite (every row sees its own key somewhere).
+    lse_all = jnp.asarray(np.where(alive, lse_ref, rng.normal(size=lse_ref.shape)), jnp.float32)
+    y = jnp.asarray(o_ref, jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(block.bwd, static_argnums=5)(q, k, v, seg_q, seg_k, causal, y, lse_all, do)
+        want = flash_context.xla_bwd(q, k, v, seg_q, seg_k, causal, y, lse_all, do)
+    for g, w in zip(got, want):
+        assert rel_err(g, w) < 1e-5
+
+
 def test_combine_absorbs_wholly_masked_blocks():
     o = jnp.ones((1, 2, 1, 3))
     lse = jnp.array([[[0.5, 1.0]]])
@@ -113,13 +151,18 @@ def test_combine_absorbs_wholly_masked_blocks():
 
 
 def test_context_block_choice_on_cpu():
+    """XLA blocks on a CPU, whole while a block's float32 scores stay small (B H S^2 4 bytes up
+    to 256 MiB), in tiles past that; cuDNN refused, Pallas refused."""
     q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
-    assert flash._context_block("xla", q, None) is flash_context.XLA
-    assert flash._context_block("auto", q, None) is flash_context.XLA
+    assert flash._context_block("xla", q, None, 2) is flash_context.XLA
+    assert flash._context_block("auto", q, None, 2) is flash_context.XLA
+    big = jax.ShapeDtypeStruct((1, 8 * 4096, 12, 64), jnp.bfloat16)  # slices of 4096 over 8
+    assert flash._context_block("auto", big, None, 8) is flash_context.XLA_TILED
+    assert flash._context_block("xla", big, None, 16) is flash_context.XLA  # slices of 2048
     with pytest.raises(flash.KernelUnavailableError, match="kernel=cudnn under context"):
-        flash._context_block("cudnn", q, None)
+        flash._context_block("cudnn", q, None, 2)
     with pytest.raises(NotImplementedError, match="kernel=pallas does not run"):
-        flash._context_block("pallas", q, None)
+        flash._context_block("pallas", q, None, 2)
 
 
 def test_modelled_ring_bytes():
@@ -183,11 +226,12 @@ def multi_device():
 
 @SLOW
 def test_ring_matches_one_device(multi_device):
-    """Both rings, seq in {2, 4, 8} x data in {1, 2} (the 8 devices allow data=2 up to seq=4),
-    with and without documents (spanning a slice boundary, starting exactly on one): loss to 1e-6
+    """Both rings, seq in {2, 4, 8} x data in {1, 2} (the 8 devices allow data=2 up to seq=4)
+    with whole XLA blocks, three of those meshes with tiled ones, with and without documents (spanning a slice boundary, starting exactly on one): loss to 1e-6
     relative, output and gradients to 1e-5, float32."""
     cases = {c: e for c, e in multi_device.items() if not c.startswith("layout")}
-    assert len(cases) == 2 * 2 * 5
+    assert sum(" xla " in c for c in cases) == 2 * 2 * 5
+    assert sum(" tiled " in c for c in cases) == 2 * 2 * 3  # the tiled block, tiles of <= 3
     for case, err in cases.items():
         assert err["finite"], case
         assert err["loss"] <= 1e-6, (case, err)

@@ -41,7 +41,8 @@ nanoGPT's other three dropout sites (embeddings, attention output projection, ML
 Context parallelism (the mesh's ``seq`` axis splits T): ring attention with a fused op per block
 (:mod:`linear_gpt2.attention.flash_context`): ``auto`` and ``cudnn`` take cuDNN blocks on a GPU
 (or a GPU compile target) for bfloat16/float16 without document resets, ``xla`` and ``auto``
-elsewhere take XLA blocks ([T / N, T / N] scores per head and block); ``pallas`` is refused.
+elsewhere take XLA blocks ([T / N, T / N] scores per head and block, computed in tiles with an
+online softmax when those would pass a few hundred MB); ``pallas`` is refused.
 ``attention.ring``: ``zigzag`` (default) balances the causal ring (each device holds chunks
 r and 2N-1-r of 2N, so every device attends to the same amount at every step; T must split into
 2N chunks), ``contiguous`` keeps the slices as the mesh splits them (device N-1 does N blocks
@@ -269,16 +270,28 @@ def make(kernel: str = "auto", ring: str = "zigzag"):
             problem = _slice_problem(q.shape[1] // n, n, {"ring": ring})
             if problem:
                 raise ConfigError(f"attention.ring: {problem}")
-            block = _context_block(kernel, q, resets)
+            block = _context_block(kernel, q, resets, n)
             return over_sequence(_fc.ring_local(block, n, ring), q, k, v, resets)
         return impl(q, k, v, resets).astype(q.dtype)
 
     return flash_attention
 
 
-def _context_block(kernel: str, q: jax.Array, resets) -> _fc.Block:
-    """The per-block op of the ring (:mod:`flash_context`) for ``kernel``: cuDNN on a GPU (or a
-    GPU compile target) for bfloat16/float16 without document resets, XLA otherwise. An
+# Above this many bytes of one block's float32 scores (all heads and rows), the ring's XLA blocks
+# are computed in tiles (flash_context.tiled_block): at 124M's 12 heads, slices from 4k tokens.
+_WHOLE_BLOCK_BYTES = 256 * 2**20
+
+
+def _xla_block(q: jax.Array, n: int) -> _fc.Block:
+    S = q.shape[1] // n
+    whole = q.shape[0] * q.shape[2] * S * S * 4
+    return _fc.XLA if whole <= _WHOLE_BLOCK_BYTES else _fc.XLA_TILED
+
+
+def _context_block(kernel: str, q: jax.Array, resets, n: int) -> _fc.Block:
+    """The per-block op of the ring (:mod:`flash_context`) for ``kernel`` and ``q`` ``[B, T, H,
+    D]`` split into ``n`` slices: cuDNN on a GPU (or a GPU compile target) for bfloat16/float16
+    without document resets, XLA otherwise (in tiles where a block's scores would be large). An
     explicit kernel that cannot run is an error; ``auto`` on a GPU warns when it falls back."""
     if kernel == "pallas":
         raise NotImplementedError(
@@ -287,7 +300,7 @@ def _context_block(kernel: str, q: jax.Array, resets) -> _fc.Block:
             "against another slice's keys); use kernel=cudnn, kernel=auto or kernel=xla"
         )
     if kernel == "xla" or (kernel == "auto" and not _on_gpu()):
-        return _fc.XLA
+        return _xla_block(q, n)
     problem = None
     if not _on_gpu():
         problem = f"needs a CUDA GPU (or a GPU compile target); this is {jax.default_backend()!r}"
@@ -304,12 +317,14 @@ def _context_block(kernel: str, q: jax.Array, resets) -> _fc.Block:
             f"flash kernel=cudnn under context parallelism {problem}; use kernel=xla or "
             "kernel=auto (falls back to XLA blocks)"
         )
+    block = _xla_block(q, n)
+    how = "in tiles, flash-style loops in XLA" if block is _fc.XLA_TILED else "whole"
     warnings.warn(
         f"flash under context parallelism: cuDNN {problem}; ring attention with XLA blocks "
-        "([T / N, T / N] scores per head and block)",
+        f"({how}; slower than cuDNN's)",
         stacklevel=3,
     )
-    return _fc.XLA
+    return block
 
 
 def make_decoder(kernel: str = "auto", ring: str = "zigzag") -> Decoder:

@@ -101,7 +101,8 @@ def xla_fwd(q, k, v, seg_q, seg_k, causal):
 
 def xla_bwd(q, k, v, seg_q, seg_k, causal, o, lse, do):
     s = _scores(q, k, block_mask(q.shape[1], k.shape[1], seg_q, seg_k, causal))
-    p = jnp.exp(s - lse[..., None])  # masked scores are -inf: p = 0
+    # Masked scores are -inf: p = 0 (a row with no key at all has lse -inf: 0 there too).
+    p = jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None])
     do = do.astype(jnp.float32)
     delta = jnp.einsum("bqhd,bqhd->bhq", do, o.astype(jnp.float32))
     dv = jnp.einsum("bhqk,bqhd->bkhd", p, do)
@@ -113,6 +114,144 @@ def xla_bwd(q, k, v, seg_q, seg_k, causal, o, lse, do):
 
 
 XLA = Block("xla", xla_fwd, xla_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# The tiled XLA block: the same function in tiles, for blocks whose scores do not fit
+
+
+def _tile(S: int, target: int) -> int:
+    """The largest divisor of ``S`` not above ``target``."""
+    return next(t for t in range(min(S, target), 0, -1) if S % t == 0)
+
+
+def _tiled_scores(qi, kj, i, j, tq, tk, sq, sk, causal):
+    """Scaled float32 scores ``[B, H, tq, tk]`` of query tile i against key tile j, -inf where
+    masked (causal by position in the block, documents by segment id)."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", qi, kj, preferred_element_type=jnp.float32)
+    s = s * (1.0 / math.sqrt(qi.shape[-1]))
+    # The masks depend only on tile indices and segment ids. Differentiating the model's layer
+    # scan, JAX's partial evaluation would compute them apart from the scores, in a loop of
+    # their own, and keep every tile's mask ([tiles, tiles, B, H, t, t]: terabytes at 2M
+    # tokens); tied to the scores here, they are made where they are used.
+    s, i, j, sq, sk = lax.optimization_barrier((s, i, j, sq, sk))
+    keep = None
+    if causal:
+        keep = (j * tk + jnp.arange(tk))[None, :] <= (i * tq + jnp.arange(tq))[:, None]
+        keep = keep[None, None]
+    if sq is not None:
+        same = (sq[:, :, None] == sk[:, None, :])[:, None]
+        keep = same if keep is None else keep & same
+    return s if keep is None else jnp.where(keep, s, -jnp.inf)
+
+
+def tiled_block(tile: int = 1024) -> Block:
+    """:data:`XLA`'s function computed in ``[tile, tile]`` tiles (fewer where the block's
+    length has no such divisor): a loop over query tiles with an online softmax over key tiles
+    forward; backward one loop over query tiles for dq and one over key tiles for dk, dv, each
+    recomputing its tiles' probabilities from the combined lse. Memory per device is a few
+    tiles of scores, not the block's [Sq, Sk]: document resets at long contexts, which cuDNN's
+    blocks do not take here, fit. Plain XLA loops, so any backend runs it and the CPU tests it
+    against :data:`XLA`."""
+
+    def split(x, t):  # [B, S, ...] -> [S / t, B, t, ...] (the loop's axis first)
+        return None if x is None else jnp.moveaxis(x.reshape(x.shape[0], -1, t, *x.shape[2:]), 1, 0)
+
+    def join(x):  # the inverse of split
+        return jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])
+
+    def fwd(q, k, v, seg_q, seg_k, causal):
+        tq, tk = _tile(q.shape[1], tile), _tile(k.shape[1], tile)
+        K, V, SK = split(k, tk), split(v, tk), split(seg_k, tk)
+        B, H, D = q.shape[0], q.shape[2], q.shape[3]
+
+        def query_tile(args):
+            i, qi, sq = args
+
+            def key_tile(carry, args):
+                m, l, acc = carry
+                j, kj, vj, sk = args
+                s = _tiled_scores(qi, kj, i, j, tq, tk, sq, sk, causal)
+                m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+                safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+                p = jnp.exp(s - safe[..., None])
+                fade = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))  # [B, H, tq]
+                l = l * fade + jnp.sum(p, axis=-1)
+                pv = jnp.einsum("bhqk,bkhd->bqhd", p, vj.astype(jnp.float32))
+                return (m_new, l, acc * jnp.swapaxes(fade, 1, 2)[..., None] + pv), None
+
+            init = (jnp.full((B, H, tq), -jnp.inf, jnp.float32),
+                    jnp.zeros((B, H, tq), jnp.float32), jnp.zeros((B, tq, H, D), jnp.float32))  # fmt: skip
+            js = jnp.arange(K.shape[0])
+            (m, l, acc), _ = lax.scan(key_tile, init, (js, K, V, SK))
+            o = acc / jnp.swapaxes(jnp.where(l > 0, l, 1.0), 1, 2)[..., None]
+            lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+            return o, lse
+
+        Q = split(q, tq)
+        o, lse = lax.map(query_tile, (jnp.arange(Q.shape[0]), Q, split(seg_q, tq)))
+        return join(o), jnp.moveaxis(lse, 0, 2).reshape(B, H, -1)
+
+    def bwd(q, k, v, seg_q, seg_k, causal, o, lse, do):
+        tq, tk = _tile(q.shape[1], tile), _tile(k.shape[1], tile)
+        B, H = q.shape[0], q.shape[2]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        do = do.astype(jnp.float32)
+        delta = jnp.einsum("bqhd,bqhd->bhq", do, o.astype(jnp.float32))
+        # Per query tile: [n, B, H, tq] for the row statistics.
+        rows = lambda x: jnp.moveaxis(x.reshape(B, H, -1, tq), 2, 0)  # noqa: E731
+        Q, DO, SQ, LSE, DELTA = (
+            split(q, tq),
+            split(do, tq),
+            split(seg_q, tq),
+            rows(lse),
+            rows(delta),
+        )
+        K, V, SK = split(k, tk), split(v, tk), split(seg_k, tk)
+
+        def probs(i, j, qi, kj, sq, sk, lse_i):
+            s = _tiled_scores(qi, kj, i, j, tq, tk, sq, sk, causal)
+            return jnp.exp(s - jnp.where(jnp.isfinite(lse_i), lse_i, 0.0)[..., None])
+
+        def dscores(p, doi, vj, delta_i):
+            dp = jnp.einsum("bqhd,bkhd->bhqk", doi, vj.astype(jnp.float32))
+            return p * (dp - delta_i[..., None]) * scale
+
+        def dq_tile(args):
+            i, qi, doi, sq, lse_i, delta_i = args
+
+            def key_tile(dq, args):
+                j, kj, vj, sk = args
+                ds = dscores(probs(i, j, qi, kj, sq, sk, lse_i), doi, vj, delta_i)
+                return dq + jnp.einsum("bhqk,bkhd->bqhd", ds, kj.astype(jnp.float32)), None
+
+            dq0 = jnp.zeros(qi.shape, jnp.float32)
+            return lax.scan(key_tile, dq0, (jnp.arange(K.shape[0]), K, V, SK))[0]
+
+        def dkv_tile(args):
+            j, kj, vj, sk = args
+
+            def query_tile(carry, args):
+                dk, dv = carry
+                i, qi, doi, sq, lse_i, delta_i = args
+                p = probs(i, j, qi, kj, sq, sk, lse_i)
+                ds = dscores(p, doi, vj, delta_i)
+                dv = dv + jnp.einsum("bhqk,bqhd->bkhd", p, doi)
+                dk = dk + jnp.einsum("bhqk,bqhd->bkhd", ds, qi.astype(jnp.float32))
+                return (dk, dv), None
+
+            zero = jnp.zeros(kj.shape, jnp.float32)
+            xs = (jnp.arange(Q.shape[0]), Q, DO, SQ, LSE, DELTA)
+            return lax.scan(query_tile, (zero, zero), xs)[0]
+
+        dq = lax.map(dq_tile, (jnp.arange(Q.shape[0]), Q, DO, SQ, LSE, DELTA))
+        dk, dv = lax.map(dkv_tile, (jnp.arange(K.shape[0]), K, V, SK))
+        return join(dq), join(dk), join(dv)
+
+    return Block(f"xla_tiled{tile}", fwd, bwd)
+
+
+XLA_TILED = tiled_block()
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Worker for tests/test_flash_context.py: ``flash`` (kernel=xla) under context parallelism on 8
 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set by the test) against the
 same attention on one device: loss, output and gradients, float32 at matmul precision highest,
-for every (data, seq) mesh, document layout and ring (balanced and contiguous); and which
+for every (data, seq) mesh, document layout and ring (balanced and contiguous), with whole and
+tiled XLA blocks; and which
 positions each device holds in the balanced layout. Prints one JSON object: case -> errors."""
 
 import json
@@ -15,12 +16,28 @@ from jax.sharding import Mesh
 import linear_gpt2  # noqa: F401  (JAX's environment first)
 from linear_gpt2 import attention
 from linear_gpt2.attention import flash_context
-from linear_gpt2.attention.context import over_sequence
+from linear_gpt2.attention.context import over_sequence, sequence_shards
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
 B, T, H, D = 2, 64, 2, 8
 MESHES = [(1, 2), (2, 2), (1, 4), (2, 4), (1, 8)]
+TILED_MESHES = [(2, 2), (1, 4), (1, 8)]
+
+
+def tiled(ring: str):
+    """flash under context parallelism with the tiled XLA block, in tiles of at most 3 (which
+    divide no slice here but the halves of 2): the one-device function is flash's own."""
+    one = attention.get("flash", kernel="xla")
+
+    def fn(q, k, v, resets=None):
+        n = sequence_shards()
+        if n == 1:
+            return one(q, k, v, resets=resets)
+        local = flash_context.ring_local(flash_context.tiled_block(3), n, ring)
+        return over_sequence(local, q, k, v, resets)
+
+    return fn
 
 
 def rel(a, b) -> float:
@@ -62,10 +79,12 @@ def main() -> None:
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))
     w = jnp.asarray(rng.uniform(0.5, 1.5, size=(B, T, H, D)), jnp.float32)
     out = {f"layout seq={n}": zigzag_layout(n) for n in (2, 4, 8)}
-    for ring, name, resets in [
-        (r, *c) for r in flash_context.RINGS for c in resets_cases().items()
-    ]:
+    cases = [(r, "xla", *c) for r in flash_context.RINGS for c in resets_cases().items()]
+    cases += [(r, "tiled", *c) for r in flash_context.RINGS for c in resets_cases().items()]
+    for ring, block, name, resets in cases:
         fn = attention.get("flash", kernel="xla", ring=ring)
+        if block == "tiled":
+            fn = tiled(ring)
         kw = {} if resets is None else {"resets": resets}
 
         def loss(q, k, v, kw=kw, fn=fn):
@@ -74,11 +93,11 @@ def main() -> None:
 
         grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
         (l0, y0), g0 = jax.jit(grad)(q, k, v)
-        for data, seq in MESHES:
+        for data, seq in MESHES if block == "xla" else TILED_MESHES:
             devs = np.array(jax.devices()[: data * seq]).reshape(data, seq)
             with jax.set_mesh(Mesh(devs, ("data", "seq"))):
                 (l1, y1), g1 = jax.jit(grad)(q, k, v)
-            out[f"{ring} {name} data={data} seq={seq}"] = {
+            out[f"{ring} {block} {name} data={data} seq={seq}"] = {
                 "loss": abs(float(l1) - float(l0)) / abs(float(l0)),
                 "y": rel(y1, y0),
                 "grads": max(rel(a, b) for a, b in zip(g1, g0)),

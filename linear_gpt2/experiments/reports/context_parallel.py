@@ -22,7 +22,8 @@ def _gb(x: float) -> str:
 
 
 def _point(r: dict[str, Any]) -> str:
-    return f"`{r['attention']}` {_size(r)} {context_label(r['context'])}"
+    docs = ", document resets" if r.get("doc_reset") else ""
+    return f"`{r['attention']}` {_size(r)} {context_label(r['context'])}{docs}"
 
 
 def _size(r: dict[str, Any]) -> str:
