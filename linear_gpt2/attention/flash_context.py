@@ -32,10 +32,11 @@ so the last device works N steps while the first idles. The balanced ring
 which every device attends half a block at every step.
 
 Per-block ops (:class:`Block`): ``xla`` (any backend, the oracle: the block's ``[S, S]`` scores
-materialised, masks from positions and segment ids) and ``cudnn`` (cuDNN's fused attention
-through JAX's internals, which return the lse and take the combined output and lse in their
-backward: causal for the diagonal, unmasked for the cross blocks, bfloat16/float16 only, no
-document resets yet).
+materialised, masks from positions and segment ids), the same in tiles (:func:`tiled_block`:
+an online softmax over key tiles, for blocks whose scores would not fit: document resets at
+long contexts) and ``cudnn`` (cuDNN's fused attention through JAX's internals, which return the
+lse and take the combined output and lse in their backward: causal for the diagonal, unmasked
+for the cross blocks, bfloat16/float16 only, no document resets yet).
 """
 
 from __future__ import annotations
@@ -132,8 +133,8 @@ def _tiled_scores(qi, kj, i, j, tq, tk, sq, sk, causal):
     s = s * (1.0 / math.sqrt(qi.shape[-1]))
     # The masks depend only on tile indices and segment ids. Differentiating the model's layer
     # scan, JAX's partial evaluation would compute them apart from the scores, in a loop of
-    # their own, and keep every tile's mask ([tiles, tiles, B, H, t, t]: terabytes at 2M
-    # tokens); tied to the scores here, they are made where they are used.
+    # their own, and keep every tile's mask at once ([tiles, tiles, B, H, t, t]); tied to the
+    # scores here, they are made where they are used.
     s, i, j, sq, sk = lax.optimization_barrier((s, i, j, sq, sk))
     keep = None
     if causal:

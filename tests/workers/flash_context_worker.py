@@ -6,6 +6,7 @@ tiled XLA blocks; and which
 positions each device holds in the balanced layout. Prints one JSON object: case -> errors."""
 
 import json
+import re
 import sys
 
 import jax
@@ -74,11 +75,32 @@ def zigzag_layout(n: int) -> list[list[int]]:
     return held.tolist() if ok else None
 
 
+def stacked_masks() -> int:
+    """Masks kept for every tile at once: pred arrays of rank 6 ([tiles, tiles, B, H, t, t]) in
+    the compiled gradient of two layers (a scan) of the tiled ring with documents."""
+    resets = resets_cases()["resets"]
+    fn = tiled("zigzag")
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32)
+
+    def loss(x):
+        def layer(x, _):
+            return fn(x, x, x, resets=resets) + x, None
+
+        return jnp.sum(jax.lax.scan(layer, x, None, length=2)[0] ** 2)
+
+    devs = np.array(jax.devices()[:2]).reshape(1, 2)
+    with jax.set_mesh(Mesh(devs, ("data", "seq"))):
+        hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
+    return len(re.findall(r"pred\[\d+,\d+,\d+,\d+,\d+,\d+\]", hlo))
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))
     w = jnp.asarray(rng.uniform(0.5, 1.5, size=(B, T, H, D)), jnp.float32)
     out = {f"layout seq={n}": zigzag_layout(n) for n in (2, 4, 8)}
+    out["stacked masks"] = stacked_masks()
     cases = [(r, "xla", *c) for r in flash_context.RINGS for c in resets_cases().items()]
     cases += [(r, "tiled", *c) for r in flash_context.RINGS for c in resets_cases().items()]
     for ring, block, name, resets in cases:
