@@ -184,7 +184,7 @@ def test_modelled_critical_path():
     assert flash_context.modelled_critical_blocks(2) == 1.0
 
 
-def test_ring_option_errors(tmp_path):
+def test_ring_option_errors():
     """A ring layout that does not exist, or a balanced ring whose slices do not halve: one line
     naming the option and the fix, at config time."""
     from linear_gpt2.platform.errors import ConfigError

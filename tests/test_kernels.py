@@ -503,6 +503,16 @@ def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
     assert spec.kernel_design((1, 1024, 12, 64), "bfloat16", {"kernel": "auto"}) == "xla"
 
 
+def _bound_at_4k(path) -> dict[str, float]:
+    """design -> the roofline CSV's bound in us at T = 4096, summed over its kernels."""
+    total: dict[str, float] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if row["T"] == "4096":
+                total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
+    return total
+
+
 def test_roofline_model_tiny(tmp_path):
     """benchmarks/roofline.py --tiny: the model alone (no compile), written as CSV and markdown
     labelled as a model; at T = 4k the chunk-parallel bound is below the old single pass's."""
@@ -514,23 +524,13 @@ def test_roofline_model_tiny(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     md = (tmp_path / "kernel_roofline_h100_model.md").read_text()
     assert "a roofline MODEL" in md and "not a measurement" in md
-    with open(tmp_path / "kernel_roofline_h100_model.csv") as f:
-        rows = list(csv.DictReader(f))
-    total = {}
-    for row in rows:
-        if row["T"] == "4096":
-            total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
+    total = _bound_at_4k(tmp_path / "kernel_roofline_h100_model.csv")
     assert total["chunk"] < total["old"] / 2, total
     # LT_attention_parallel's page: the old kernels against the tiled ones
     md = (tmp_path / "kernel_roofline_parallel_h100_model.md").read_text()
     assert "LT_attention_parallel kernels on the H100: a roofline MODEL" in md
     assert "not a measurement" in md and "assumed" in md
-    with open(tmp_path / "kernel_roofline_parallel_h100_model.csv") as f:
-        rows = list(csv.DictReader(f))
-    total = {}
-    for row in rows:
-        if row["T"] == "4096":
-            total[row["design"]] = total.get(row["design"], 0.0) + float(row["bound_us"])
+    total = _bound_at_4k(tmp_path / "kernel_roofline_parallel_h100_model.csv")
     assert total["tiled"] < total["blocked"], total
 
 

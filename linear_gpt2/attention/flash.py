@@ -242,9 +242,7 @@ def _check_kernel(kernel: str) -> None:
 
 
 def _check(options) -> None:
-    ring = options.get("ring", "zigzag")
-    if ring not in _fc.RINGS:
-        raise ValueError(f"ring={ring!r} is not a ring layout; use one of {', '.join(_fc.RINGS)}")
+    _fc.check_ring(options.get("ring", "zigzag"))
 
 
 def _slice_problem(S: int, n: int, options) -> str | None:

@@ -405,6 +405,11 @@ def ring_attention(block: Block, n: int):
 RINGS = ("zigzag", "contiguous")
 
 
+def check_ring(ring: str) -> None:
+    if ring not in RINGS:
+        raise ValueError(f"ring={ring!r} is not a ring layout; use one of {', '.join(RINGS)}")
+
+
 def _owner(c: int, n: int) -> int:
     """The device that holds chunk ``c`` of ``2n`` in the balanced layout (chunks c and 2n-1-c
     on device c)."""
@@ -509,8 +514,7 @@ def ring_local(block: Block, n: int, ring: str = "zigzag"):
     """The per-slice function :func:`linear_gpt2.attention.context.over_sequence` runs: the
     balanced ring (``zigzag``: each slice's q, k, v, segment ids moved to the balanced layout
     and the output moved back, :func:`to_zigzag`) or the ``contiguous`` one."""
-    if ring not in RINGS:
-        raise ValueError(f"ring={ring!r} is not one of {', '.join(RINGS)}")
+    check_ring(ring)
     if ring == "contiguous":
         attend = ring_attention(block, n)
     else:

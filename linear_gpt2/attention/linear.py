@@ -140,6 +140,25 @@ def attention_fn(
     return fn
 
 
+def pallas_block(
+    options: Mapping[str, Any], names: Any, D: int, block: Callable[[str, int], int] | None = None
+) -> tuple[str, int | None]:
+    """The kernel ``options`` name for the platform traced for (``auto``: ``pallas`` on a GPU,
+    ``xla`` elsewhere) and the block size its Pallas design would run (``block(kernel,
+    chunk_size)``, default the chunk size), or None where no Pallas design applies: another
+    kernel, ``chunk_size=auto``, or a block or head dim the kernels refuse."""
+    kernel = options.get("kernel", "auto")
+    c = options.get("chunk_size", 64)
+    if kernel == "auto":
+        kernel = "pallas" if kernels.on_gpu() else "xla"
+    if kernel not in names or c == "auto":
+        return kernel, None
+    c = int(c) if block is None else block(kernel, int(c))
+    if kernels.block_size_problem(c) or kernels.head_dim_problem(D):
+        return kernel, None  # the kernel would refuse this shape (recorded as an error)
+    return kernel, c
+
+
 def spec(name: str, make: Callable[..., Any], flops: Callable[..., float], **fields: Any):
     """The :class:`AttentionSpec` of a linear variant of this package: the linear family, the
     shared recurrent decoder and statistics, resets and decay gates taken. ``fields`` override

@@ -131,16 +131,10 @@ def make(
 def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
     """What ``kernel`` runs at ``shape`` = (B, T, H, D) for the platform traced for: ``xla`` or
     the Pallas design (``kernel=pallas`` chooses by shape with the cost model)."""
-    kernel = options.get("kernel", "auto")
-    c = options.get("chunk_size", 64)
-    if kernel == "auto":
-        kernel = "pallas" if kernels.on_gpu() else "xla"
-    if kernel not in NAMES or c == "auto":
-        return kernel
     B, T, H, D = shape
-    c = _block_size(kernel, int(c), T)
-    if kernels.block_size_problem(c) or kernels.head_dim_problem(D):
-        return kernel  # the kernel would refuse this shape (recorded as an error)
+    kernel, c = linear.pallas_block(options, NAMES, D, lambda k, c: _block_size(k, c, T))
+    if c is None:
+        return kernel
     from linear_gpt2.kernels.lt_attention_parallel import ops  # the model: no Pallas import
 
     Tp = -(-T // c) * c

@@ -164,15 +164,9 @@ def _context_problem(T: int, options: Mapping[str, Any]) -> str | None:
 def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
     """What ``kernel`` runs at ``shape`` = (B, T, H, D) for the platform traced for: ``xla``,
     ``triton``, or the Pallas design (``kernel=pallas`` chooses by shape with the cost model)."""
-    kernel = options.get("kernel", "auto")
-    c = options.get("chunk_size", 64)
-    if kernel == "auto":
-        kernel = "pallas" if kernels.on_gpu() else "xla"
-    if kernel not in NAMES or c == "auto":
+    kernel, c = linear.pallas_block(options, NAMES, shape[3])
+    if c is None:
         return kernel
-    c = int(c)
-    if kernels.block_size_problem(c) or kernels.head_dim_problem(shape[3]):
-        return kernel  # the kernel would refuse this shape (recorded as an error)
     from linear_gpt2.kernels.lt_chunked import ops  # Pallas: only when a Pallas kernel is named
 
     B, T, H, D = shape
