@@ -570,4 +570,7 @@ def _has_zstandard() -> bool:
 if __name__ == "__main__":
     import sys
 
-    raise SystemExit(run_script(sys.argv[1:]))
+    # The package's module, not this __main__ copy: one loader, one capture, one store state.
+    from linear_gpt2.experiments.gpu_check import compiled as _module
+
+    raise SystemExit(_module.run_script(sys.argv[1:]))

@@ -241,17 +241,21 @@ def compile_here(raw: Raw) -> str:
     bundle = d["bundle"]
     total = sum(bundle.values())
     out = [
-        f"Window {s['window']}: {len(entries)} training steps compiled for `{s['target']}` "
-        f"(deviceless) at commit {short(raw.data['meta']['environment'].get('git_commit'))}, "
-        f"{store / mib:.2f} MiB in the store (lzma). Carried by the device command: "
+        f"For window {s['window']}, the store holds {len(entries)} training steps compiled for "
+        f"`{s['target']}` (deviceless) at commit "
+        f"{short(raw.data['meta']['environment'].get('git_commit'))}: {store / mib:.2f} MiB "
+        "(lzma). Carried by the device command: "
         + ", ".join(f"{k} {v / mib:.1f} MiB" for k, v in bundle.items())
         + f"; {total / mib:.1f} MiB of the {s['carry_limit_bytes'] / mib:.0f} MiB limit.",
     ]
     if d.get("key_fields"):
         state = {True: "same", False: "differs", None: "not recorded"}
-        body = [[r["field"], f"`{str(r['here'])[:48]}`".replace("\n", " "),
-                 f"`{str(r['gpu'])[:48]}`".replace("\n", " ") if r["gpu"] is not None else "",
-                 state[r["match"]]] for r in d["key_fields"]]  # fmt: skip
+
+        def cell(v) -> str:
+            return "" if v is None else f"`{str(v)[:48]}`".replace("\n", " ") if v else "(none)"
+
+        body = [[r["field"], cell(r["here"]), cell(r["gpu"]), state[r["match"]]]
+                for r in d["key_fields"]]  # fmt: skip
         out += ["", f"JAX's persistent-cache key of a deviceless compile against the GPU's "
                 f"(`{s['key_source']}`):", "",
                 table(["field", "here (deviceless)", "last GPU run", ""], body, "llll")]  # fmt: skip
