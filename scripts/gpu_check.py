@@ -267,8 +267,9 @@ def compile_here(args, plan, wins, done, store_dir: Path, target: str) -> int:
                                           report=report)  # fmt: skip
         window = _replan(args, store_dir, window.number)
     entries = [{**e, "window": window.number} for e in entries]
+    code = compiled.code_fingerprint()
     entries += [{**e, "key": k} for k, e in store.index().items()
-                if k not in {x["key"] for x in entries} and e.get("commit") == _commit()]  # fmt: skip
+                if k not in {x["key"] for x in entries} and e.get("code") == code]  # fmt: skip
     print(bundle_text(store_dir))
     gpu, source = host.last_gpu_environment(args.results)
     fields = [] if args.tiny else compiled.plain_cache_fields(gpu, target)
@@ -306,12 +307,6 @@ def plan_known(args, store_dir: Path):
     from linear_gpt2.experiments.gpu_check.known import Known
 
     return Known(args.results, "tiny_cpu" if args.tiny else "h100", store=store_dir)
-
-
-def _commit():
-    from linear_gpt2.platform.provenance import git_commit
-
-    return git_commit()
 
 
 def _replan(args, store_dir: Path, number: int):

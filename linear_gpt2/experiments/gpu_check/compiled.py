@@ -62,6 +62,26 @@ INDEX = "index.json"
 SOURCE_PATHS = r"^(.*/(site|dist)-packages/|.*(?=linear_gpt2/))"
 
 
+# The code a training step's program is made of (the layers below experiments, and the assets):
+# the store's entries carry its fingerprint, so that the plan prices a step as loaded while
+# this code is unchanged (the GPU still checks the key).
+PROGRAM_CODE = ("platform", "kernels", "attention", "model", "training", "assets")
+
+
+def code_fingerprint() -> str:
+    """sha256 of the files of :data:`PROGRAM_CODE` (names and bytes); no git needed, so the
+    GPU machine's copy of the tree computes the same."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for part in PROGRAM_CODE:
+        for path in sorted((root / part).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 class StoreError(RuntimeError):
     """The store cannot give what was asked (a key JAX did not compute, a damaged entry)."""
 
@@ -337,7 +357,7 @@ def compile_into(store: Store, lowered, target: str, meta: dict[str, Any]) -> di
     t0 = time.perf_counter()
     key, fields = jax_key_and_fields(lowered)
     if key in store:  # the same program: valid at this commit too (the plan prices by it)
-        store.update(key, key_fields=fields, commit=git_commit(),
+        store.update(key, key_fields=fields, commit=git_commit(), code=code_fingerprint(),
                       **{k: meta[k] for k in ("setting", "what") if meta.get(k)})  # fmt: skip
         return {**store.index()[key], "key": key}
     compiled = lowered.compile()
@@ -346,6 +366,7 @@ def compile_into(store: Store, lowered, target: str, meta: dict[str, Any]) -> di
         **meta, "target": target, "device_kind": target_kind(target), "key_fields": fields,
         "compile_s": round(time.perf_counter() - t0, 2),
         "memory_bytes": memory.total if memory else None, **_versions(), "commit": git_commit(),
+        "code": code_fingerprint(),
         "compiled_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     store.put(key, compiled, meta)

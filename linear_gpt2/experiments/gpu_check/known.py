@@ -128,7 +128,8 @@ class Known:
 
     def all_compiled(self, settings) -> bool:
         """Whether every (attention, size, context, chunk) of ``settings`` was compiled into
-        the store at this tree's commit (the GPU checks the real key; this prices the plan)."""
+        the store from this tree's program code (the GPU checks the real key; this prices the
+        plan)."""
         return bool(settings) and all(tuple(s) in self.compiled for s in settings)
 
     def recorded_cost(self, stage: str, unit: str) -> Cost | None:
@@ -139,13 +140,15 @@ class Known:
 
 
 def _compiled_settings(store: Path | None) -> set[tuple]:
+    """The settings the store holds for this tree's program code (``compiled.code_fingerprint``:
+    a commit that changes only results or docs keeps them)."""
     if store is None:
         return set()
     index = _load(Path(store) / "index.json") or {}
     if not index:
         return set()
-    from linear_gpt2.platform.provenance import git_commit
+    from linear_gpt2.experiments.gpu_check.compiled import code_fingerprint
 
-    commit = git_commit()
+    code = code_fingerprint()
     return {tuple(e["setting"]) for e in index.values()
-            if e.get("setting") and e.get("commit") == commit}  # fmt: skip
+            if e.get("setting") and e.get("code") == code}  # fmt: skip
