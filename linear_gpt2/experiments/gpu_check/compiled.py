@@ -1,12 +1,13 @@
 """Compile here, run there: training steps compiled on the CPU machine for the H100, carried to
 the lent GPU in a store, and loaded there instead of compiled.
 
-A lent GPU gives 15 minutes; XLA compiles a 124M training step in 16-26 s on it, about a minute
-of every window. Here the same programs compile deviceless (``platform/target.py``) and
+A lent GPU gives 15 minutes, and compiling the steps of a window on it takes a good share of
+them (``compile_s`` in ``benchmarks/results/step_time_h100_*.json``). Here the same programs
+compile deviceless (``platform/target.py``) and
 :func:`jax.experimental.serialize_executable.serialize` writes them to a :class:`Store`
 (``runs/gpu_check/compiled/<target>/``: one lzma-compressed payload per program and
 ``index.json``). On the GPU, ``step_time.compile_step`` asks the store first
-(:func:`install`): the step is lowered again (a second or two) for the same target, its key
+(:func:`install`): the step is lowered again (no compile) for the same target, its key
 looked up, and the payload loaded onto the GPU with ``deserialize_and_load``; a miss compiles
 on the GPU as before. Each look-up is recorded (``LOG_ENV``), and the dry run prices the
 loaded programs as loads.
@@ -59,7 +60,8 @@ INDEX = "index.json"
 # Source locations as paths from the package or the site-packages folder: Pallas's Triton
 # kernels carry their IR, locations included, inside the program, so the key of a step with a
 # Pallas kernel named the repository's folder (measured: a copy elsewhere missed).
-SOURCE_PATHS = r"^(.*/(site|dist)-packages/|.*(?=linear_gpt2/))"
+# (The carried wheels install into .cache/gpu_check/site/: host.install_wheels.)
+SOURCE_PATHS = r"^(.*/(site|dist)-packages/|.*/gpu_check/site/|.*(?=linear_gpt2/))"
 
 
 # The code a training step's program is made of (the layers below experiments, and the assets):
