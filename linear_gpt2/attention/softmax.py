@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
+from linear_gpt2.kernels.flash.naive import document_mask
 
 
 def masked_softmax_attention(
@@ -40,15 +41,6 @@ def masked_softmax_attention(
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     y = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
     return y.astype(q.dtype)
-
-
-def document_mask(resets: jax.Array) -> jax.Array:
-    """bool ``[B, 1, T, T]``: causal and within one document (``resets`` bool ``[B, T]``, True
-    where a document starts)."""
-    T = resets.shape[1]
-    seg = jnp.cumsum(resets.astype(jnp.int32), axis=1)
-    same = seg[:, None, :, None] == seg[:, None, None, :]
-    return same & jnp.tril(jnp.ones((T, T), dtype=bool))
 
 
 def softmax_attention(
