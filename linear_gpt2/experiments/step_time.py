@@ -351,7 +351,7 @@ def bench_setting(
             attention, shape, jnp.dtype(dtype), base.kernel, candidates=chunks
         )
     if spec.kernel_design is not None:
-        options = {**base.attention_options(), "chunk_size": c or base.chunk_size}
+        options = base.attention_options.replace(chunk_size=c or base.chunk_size)
         result.kernel_design = spec.kernel_design(shape, dtype, options)
     return result
 
