@@ -134,9 +134,9 @@ class ScaledOptions(Options):
     scale: float = option(1.0, "multiplies the output")
 
 
-def make(scale):
+def make(options):
     def fn(q, k, v):
-        return v * scale
+        return v * options.scale
     return fn
 
 
@@ -168,7 +168,7 @@ def test_recompute_decoder_keeps_the_decoder_contract():
     """A spec without a decoder of its own gets one: T steps equal the full-sequence function,
     and a prefill in two parts equals one, with document resets and decay gates passed on."""
     fn = attention.get("LT_chunked", chunk_size=4)
-    spec = AttentionSpec(name="no_decoder", family="linear", make=lambda: fn,
+    spec = AttentionSpec(name="no_decoder", family="linear", make=lambda options: fn,
                          flops=quadratic_flops, resets=True, decay=True)  # fmt: skip
     dec = spec.decoder()
     assert dec.kind == "recompute"

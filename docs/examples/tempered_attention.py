@@ -29,8 +29,9 @@ class TemperedOptions(Options):
     temperature: float = option(1.0, "tau: the scores are divided by tau sqrt(D)", check=positive)
 
 
-def make(temperature: float):
-    """``fn(q, k, v) -> y``, all ``[B, T, H, D]``; receives the fields of ``TemperedOptions``."""
+def make(options: TemperedOptions):
+    """``fn(q, k, v) -> y``, all ``[B, T, H, D]``."""
+    temperature = options.temperature
 
     def fn(q, k, v):
         T, D = q.shape[1], q.shape[-1]

@@ -95,15 +95,16 @@ def _slice_problem(S: int, n: int, options: FlashOptions) -> str | None:
     return None
 
 
-def make(*, kernel: str, ring: str):
+def make(options: FlashOptions):
     """``fn(q, k, v) -> y``: fused causal softmax attention, q, k, v, y ``[B, T, H, D]``, y in
-    q's dtype (options: :class:`FlashOptions`; the module docstring)."""
+    q's dtype (the module docstring)."""
+    kernel, ring = options.kernel, options.ring
 
     def flash_attention(q, k, v, *, resets=None) -> jax.Array:
         """q, k, v ``[B, T, H, D]`` -> y; ``resets`` bool ``[B, T]``: documents start there."""
         n = sequence_shards()
         if n > 1:
-            problem = _slice_problem(q.shape[1] // n, n, FlashOptions(ring=ring))
+            problem = _slice_problem(q.shape[1] // n, n, options)
             if problem:
                 raise ConfigError(f"attention.ring: {problem}")
             block = _ops.context_block(kernel, q, resets, n)
@@ -113,12 +114,11 @@ def make(*, kernel: str, ring: str):
     return flash_attention
 
 
-def make_decoder(*, kernel: str, ring: str) -> Decoder:
-    """The KV-cache decoder of :mod:`softmax` (``kernel`` unused: every step is a short query
+def make_decoder(options: FlashOptions) -> Decoder:
+    """The KV-cache decoder of :mod:`softmax` (the options unused: every step is a short query
     block against the cache, which plain XLA handles; ``ring`` is the training's layout over
     devices)."""
-    del kernel, ring
-    return _softmax.make_decoder()
+    return _softmax.make_decoder(options)
 
 
 SPEC = AttentionSpec(

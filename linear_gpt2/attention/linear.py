@@ -162,20 +162,19 @@ def features(
 def attention_fn(
     variant: str,
     algorithm: Callable[..., tuple[jax.Array, jax.Array]],
-    feature_map: str,
-    eps: float,
+    options: LinearOptions,
 ) -> Callable[..., jax.Array]:
     """``fn(q, k, v, *, resets=None, log_gate=None) -> y`` (q, k, v, y ``[B, T, H, D]``) for a
-    pure-JAX variant: phi on q and k, the variant's ``algorithm(phi(q), phi(k), v, forget) ->
-    (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or None), then
-    ``num / (den + eps)``.
+    pure-JAX variant: phi on q and k (``options.feature_map``), the variant's ``algorithm(phi(q),
+    phi(k), v, forget) -> (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or
+    None), then ``num / (den + options.eps)``.
 
     Under context parallelism (the sequence split over the mesh's ``seq`` axis) each device runs
     ``algorithm`` on its slice from a zero state and adds what the earlier slices leave: the
     entering state ``(S_in, z_in)`` (``kernels/context.py``) weighted at position i by its decay
     so far, ``w_i phi(q_i) S_in`` to the numerator and ``w_i phi(q_i) . z_in`` to the
     denominator. Every such form takes it at the cost of one gather of [D, D] states."""
-    phi = check_feature_map(feature_map)
+    phi, eps = check_feature_map(options.feature_map), options.eps
 
     def attend(q, k, v, resets=None, log_gate=None, context_parallel: bool = False) -> jax.Array:
         fq, fk = features(q, k, phi)
@@ -290,14 +289,7 @@ def _prefill_kernel(kernel: str, c: int) -> str | None:
 PREFILL_CHUNK = 64
 
 
-def make_decoder(
-    *,
-    feature_map: str,
-    eps: float,
-    kernel: str = "auto",
-    chunk_size: int | str = PREFILL_CHUNK,
-    **_: Any,
-) -> Decoder:
+def make_decoder(options: LinearOptions) -> Decoder:
     """The linear transformer as an RNN (the post's section 4): a state of constant size.
 
     - ``init(batch, n_head, head_dim, max_len, dtype)`` -> ``(S [B, H, D, D], z [B, H, D])``,
@@ -309,12 +301,14 @@ def make_decoder(
       phi(k) (gamma = 0 where a document starts), y = phi(q) S / (phi(q) . z + eps); O(D^2).
     - ``prefill(state, q, k, v, *, log_gate=None, resets=None)``, q, k, v ``[B, T, H, D]``: the
       chunked form (``LT_chunked``) started from ``state``, with chunks of ``chunk_size``; T need
-      not be a multiple of it. With ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto``
-      compiling for a GPU) and a power-of-two chunk size >= 16, the Pallas kernels run it (from
-      the state, returning the final state; with resets or gates the chunk-parallel ones, the
-      single pass taking none); otherwise the XLA form.
+      not be a multiple of it (:data:`PREFILL_CHUNK` for a variant without one). With
+      ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto`` compiling for a GPU) and a
+      power-of-two chunk size >= 16, the Pallas kernels run it (from the state, returning the
+      final state; with resets or gates the chunk-parallel ones, the single pass taking none);
+      otherwise the XLA form.
     """
-    phi = check_feature_map(feature_map)
+    phi, eps, kernel = check_feature_map(options.feature_map), options.eps, options.kernel
+    chunk_size = getattr(options, "chunk_size", PREFILL_CHUNK)
     if chunk_size == "auto":
         chunk_size = PREFILL_CHUNK
 

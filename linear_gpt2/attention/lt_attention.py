@@ -55,9 +55,8 @@ def lt_attention(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Ar
     return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
 
 
-def make(*, feature_map: str, kernel: str, eps: float):
-    del kernel  # xla only: the one implementation
-    return linear.attention_fn("LT_attention", lt_attention, feature_map, eps)
+def make(options: linear.LinearOptions):
+    return linear.attention_fn("LT_attention", lt_attention, options)
 
 
 SPEC = linear.spec(

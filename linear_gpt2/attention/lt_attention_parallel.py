@@ -71,11 +71,12 @@ def _block_size(kernel: str, chunk_size: int, T: int) -> int:
     return min(chunk_size, T)
 
 
-def make(*, feature_map: str, chunk_size: int | str, kernel: str, eps: float):
-    """``fn(q, k, v) -> y`` (options: :class:`LTAttentionParallelOptions`). ``chunk_size`` is
-    the block size (any int >= 1 for xla, a power of two >= 16 for the Pallas kernels, where it
-    caps their tiles), or ``"auto"``: chosen at trace time from the concrete shape by
-    ``linear_gpt2.attention.autotune.best_chunk_size``."""
+def make(options: LTAttentionParallelOptions):
+    """``fn(q, k, v) -> y``. ``options.chunk_size`` is the block size (any int >= 1 for xla, a
+    power of two >= 16 for the Pallas kernels, where it caps their tiles), or ``"auto"``: chosen
+    at trace time from the concrete shape by ``linear_gpt2.attention.autotune.best_chunk_size``."""
+    feature_map, chunk_size = options.feature_map, options.chunk_size
+    kernel, eps = options.kernel, options.eps
     phi = linear.check_feature_map(feature_map)
 
     def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:

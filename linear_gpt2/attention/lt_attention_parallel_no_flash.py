@@ -39,10 +39,9 @@ def lt_attention_parallel_no_flash(
     return num, den
 
 
-def make(*, feature_map: str, kernel: str, eps: float):
-    del kernel  # xla only: the one implementation
+def make(options: linear.LinearOptions):
     return linear.attention_fn(
-        "LT_attention_parallel_no_flash", lt_attention_parallel_no_flash, feature_map, eps
+        "LT_attention_parallel_no_flash", lt_attention_parallel_no_flash, options
     )
 
 

@@ -77,11 +77,13 @@ def _fused(kernel: str):
     return triton_fused.chunked_attention
 
 
-def make(*, feature_map: str, chunk_size: int | str, kernel: str, eps: float):
-    """``fn(q, k, v) -> y`` (options: :class:`LTChunkedOptions`). ``chunk_size``: an int dividing
-    T (a power of two >= 16 for the fused kernels), or ``"auto"``: chosen when ``fn`` is traced,
-    from the concrete shape, by ``linear_gpt2.attention.autotune.best_chunk_size`` (measured
-    once per shape and device, then cached on disk)."""
+def make(options: LTChunkedOptions):
+    """``fn(q, k, v) -> y``. ``options.chunk_size``: an int dividing T (a power of two >= 16 for
+    the fused kernels), or ``"auto"``: chosen when ``fn`` is traced, from the concrete shape, by
+    ``linear_gpt2.attention.autotune.best_chunk_size`` (measured once per shape and device, then
+    cached on disk)."""
+    feature_map, chunk_size = options.feature_map, options.chunk_size
+    kernel, eps = options.kernel, options.eps
     phi = linear.check_feature_map(feature_map)
     if kernel not in ("auto", "xla"):
         _fused(kernel)  # an unavailable kernel (triton on CPU) fails here, at make()

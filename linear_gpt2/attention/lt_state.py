@@ -42,9 +42,8 @@ def lt_state(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array,
     return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
 
 
-def make(*, feature_map: str, kernel: str, eps: float):
-    del kernel  # xla only: the one implementation
-    return linear.attention_fn("LT_state", lt_state, feature_map, eps)
+def make(options: linear.LinearOptions):
+    return linear.attention_fn("LT_state", lt_state, options)
 
 
 SPEC = linear.spec(

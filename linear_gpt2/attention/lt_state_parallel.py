@@ -89,10 +89,9 @@ class LTStateParallelOptions(linear.LinearOptions):
     )
 
 
-def make(*, feature_map: str, kernel: str, eps: float, scan: str):
-    del kernel  # xla only: the one implementation
-    algorithm = lambda fq, fk, v, forget: lt_state_parallel(fq, fk, v, scan, forget)
-    return linear.attention_fn("LT_state_parallel", algorithm, feature_map, eps)
+def make(options: LTStateParallelOptions):
+    algorithm = lambda fq, fk, v, forget: lt_state_parallel(fq, fk, v, options.scan, forget)
+    return linear.attention_fn("LT_state_parallel", algorithm, options)
 
 
 SPEC = linear.spec(

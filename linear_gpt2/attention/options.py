@@ -12,7 +12,7 @@ so that a resumed run may change it (``implementation=True``: ``kernel``, ``chun
 
 :class:`Options`, the base of every class, holds what the model's layer does around any
 attention: ``doc_reset`` and ``decay`` (the layer passes resets and log-gates to a variant whose
-spec takes them; ``layer=True``: not passed to ``make``). The linear family extends it once
+spec takes them; ``layer=True``: the help lists them apart). The linear family extends it once
 (``linear.LinearOptions``: ``feature_map``, ``kernel``, ``eps``) and its chunked variants once
 more (``linear.ChunkedOptions``: ``chunk_size``). Constructing an instance coerces and checks
 every field (an :class:`OptionError` names the field), then runs the class's :meth:`~Options.check`
@@ -74,7 +74,7 @@ def option(
     takes, ``check(value) -> why it is bad, or None``, whether it only selects the
     implementation (``implementation``: a resumed run may change it), how a plot labels a
     non-default value (``label``, formatted with the value: ``"/{}"``, ``"+reset"``), and
-    whether the model's layer reads it rather than the variant's ``make`` (``layer``)."""
+    whether the model's layer reads it rather than the variant (``layer``)."""
     meta = Declaration(help, choices, check, implementation, label, layer)
     return dataclasses.field(default=default, metadata={_KEY: meta})
 
@@ -121,15 +121,6 @@ class Options:
 
     def check(self) -> None:
         """Checks across fields; raise :class:`OptionError` naming the field. Override it."""
-
-    def kwargs(self) -> dict[str, Any]:
-        """What the variant's ``make`` and ``make_decoder`` receive: every field but the
-        layer's."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if not declaration(f).layer
-        }
 
     def as_dict(self) -> dict[str, Any]:
         """Every field, as the config's ``attention`` section holds it (besides ``name``)."""

@@ -67,7 +67,8 @@ def softmax_attention(
     )
 
 
-def make():
+def make(options):
+    del options  # none of its own
     return softmax_attention
 
 
@@ -155,7 +156,7 @@ def _kv_step(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array, *, reset=
     return y[:, 0], state
 
 
-def make_decoder() -> Decoder:
+def make_decoder(options=None) -> Decoder:
     """The KV-cache :class:`~linear_gpt2.attention.Decoder` of causal softmax attention.
 
     State ``(k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 [], seg int32

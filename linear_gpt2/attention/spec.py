@@ -62,16 +62,15 @@ class AttentionSpec:
 
     - ``name``: what configs call it (the post's name for the built-in ones).
     - ``family``: ``softmax`` (a softmax over the keys) or ``linear`` (a state of phi(k) v^T).
-    - ``make(**options) -> fn``: the attention function (module docstring); it receives the
-      fields of its options class (``Options.kwargs``: all but the layer's ``doc_reset`` and
-      ``decay``).
+    - ``make(options) -> fn``: the attention function (module docstring), from an instance of
+      its options class.
     - ``flops(T, H, D, options) -> float``: forward matmul FLOPs per token of one layer, all heads
       (MFU counts 3x this for forward + backward, as nanoGPT).
     - ``options``: its options class, a frozen dataclass extending
       :class:`~linear_gpt2.attention.options.Options` (types, defaults, checks, which fields only
-      select the implementation); a config sets each field as ``attention.<field>=value``. The
-      callbacks below receive an instance.
-    - ``make_decoder(**options) -> Decoder`` for sampling, or None: then :func:`recompute_decoder`
+      select the implementation); a config sets each field as ``attention.<field>=value``.
+      ``make`` and the callbacks below receive an instance.
+    - ``make_decoder(options) -> Decoder`` for sampling, or None: then :func:`recompute_decoder`
       (every step runs ``fn`` over the cached sequence; correct for any causal ``fn``, O(T) per
       token).
     - ``resets``, ``decay``, ``dropout``: whether ``fn`` takes document resets, decay gates and
@@ -92,7 +91,7 @@ class AttentionSpec:
 
     name: str
     family: str
-    make: Callable[..., AttentionFn]
+    make: Callable[[Any], AttentionFn]
     flops: Callable[[int, int, int, Any], float]
     options: type[Options] = Options
     make_decoder: Callable[..., Decoder] | None = None
@@ -130,13 +129,13 @@ class AttentionSpec:
 
     def build(self, options: Options) -> AttentionFn:
         """``make`` with ``options`` (an instance of :attr:`options`)."""
-        return self.make(**options.kwargs())
+        return self.make(options)
 
     def decoder(self, options: Options | None = None) -> Decoder:
         """The incremental decoder, from the variant's own ``make_decoder`` or by recomputation."""
         options = self.options() if options is None else options
         if self.make_decoder is not None:
-            return self.make_decoder(**options.kwargs())
+            return self.make_decoder(options)
         return recompute_decoder(self.build(options), self)
 
 
