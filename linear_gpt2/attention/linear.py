@@ -139,6 +139,7 @@ class ChunkedOptions(LinearOptions):
     )
 
     def check(self) -> None:
+        super().check()
         # A fused kernel tiles the chunk: its size must be a block size the kernels take.
         if self.kernel not in ("auto", "xla") and self.chunk_size != "auto":
             problem = kernels.block_size_problem(self.chunk_size)
