@@ -329,6 +329,7 @@ def test_checkpoint_from_another_config_is_refused(setup):
     assert train(ok).last_step == 2
 
 
+@SLOW
 def test_a_run_whose_config_was_written_before_the_options_moved_resumes(setup):
     """A run directory and checkpoint whose config main wrote at ddb0b90 (every shared attention
     option, flash's own ``ring`` under ``extra``: tests/fixtures/config_written_at_ddb0b90.yaml)
