@@ -20,6 +20,8 @@ from pathlib import Path
 
 REPO = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "pyproject.toml").exists())
 sys.path.insert(0, str(REPO))
+from linear_gpt2.platform import process
+process.configure()  # JAX's process settings (the CUDA plugin without a GPU), before JAX runs
 FIG_DIR = Path(os.environ.get("NOTEBOOK_FIG_DIR") or tempfile.mkdtemp(prefix="figures_"))
 FIG_DIR.mkdir(parents=True, exist_ok=True)
 from IPython.display import Image, Markdown, display

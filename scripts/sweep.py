@@ -8,7 +8,7 @@
     python scripts/sweep.py SWEEP.yaml --point 3                         # one point (SLURM task)
 
 The sweep file names a base config, fixed overrides, a grid (cartesian product over dotted keys)
-and/or explicit points (see ``linear_gpt2/sweep.py``). ``key=value`` overrides, before or after
+and/or explicit points (see ``linear_gpt2/experiments/sweep.py``). ``key=value`` overrides, before or after
 the options, apply to every point (e.g. ``train.max_steps=20 log.wandb=disabled`` for a smoke
 run), also in each subprocess and in the SLURM array script. On a rerun, points that finished
 with the same config are skipped, unfinished ones resume from their last checkpoint, finished

@@ -146,7 +146,7 @@ def _config(tmp_path, *overrides):
          r"train.context_parallel=3 does not divide data.context=16 into equal slices"),
         (["attention.name=LT_chunked", "attention.chunk_size=8", "train.context_parallel=4"],
          r"attention.chunk_size: each device's slice \(data.context=16 / "
-         r"train.context_parallel=4\): chunk_size=8 does not divide 4 tokens"),
+         r"train.context_parallel=4\): chunk_size=8 does not divide T=4"),
         (["attention.name=LT_chunked", "train.context_parallel=0"], r"train.context_parallel"),
     ],
 )  # fmt: skip
@@ -179,7 +179,6 @@ def test_seq_must_divide_the_devices_and_fit_the_hosts(tmp_path):
 def test_compiled_state_exchange_is_the_model(tmp_path):
     """The LT_chunked step split over h100x8: one all-gather of the slice states per layer
     forward and one reduce-scatter backward, each sending exactly the model's bytes."""
-    import linear_gpt2  # noqa: F401
     from linear_gpt2.experiments import collectives
     from linear_gpt2.experiments.compile_step import compile_train_step
     from linear_gpt2.model.config import ModelConfig
@@ -217,7 +216,10 @@ def test_one_sequence_shard_keeps_the_one_axis_mesh():
 
 
 def test_cpu_collectives_flag_is_set_only_with_several_host_devices():
-    code = "import os, linear_gpt2; print(os.environ.get('XLA_FLAGS', ''))"
+    code = (
+        "import os; from linear_gpt2.platform import process; process.configure(); "
+        "print(os.environ.get('XLA_FLAGS', ''))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     one = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"

@@ -171,7 +171,8 @@ def test_the_command_checks_and_writes(tmp_path):
 
 
 def test_rendering_needs_no_jax():
-    """The check runs in every `make test` and on any machine: the renderers read files only."""
+    """The check runs in every `make test` and on any machine: the renderers read files only
+    (but the option table of docs/attention.md, which asks the variants' specs when rendered)."""
     code = (
         "import sys; from linear_gpt2.experiments import reports; "
         "assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')], 'jax'"

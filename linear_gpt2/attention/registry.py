@@ -55,11 +55,6 @@ def names_where(predicate: Callable[[AttentionSpec], bool]) -> list[str]:
     return [n for n in BUILTIN if predicate(spec(n))]
 
 
-def all_kernels() -> list[str]:
-    """Every value ``attention.kernel`` takes for some built-in variant, in first-seen order."""
-    return list(dict.fromkeys(k for n in BUILTIN for k in spec(n).kernels))
-
-
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINTS)}
 

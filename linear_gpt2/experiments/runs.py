@@ -19,9 +19,10 @@ import numpy as np
 import yaml
 
 from linear_gpt2 import attention as attention_registry
+from linear_gpt2.attention import schema as attention_schema
 from linear_gpt2.experiments.axes import context_label
 from linear_gpt2.model.api import count_params, param_shapes
-from linear_gpt2.model.config import PRESETS, ModelConfig
+from linear_gpt2.model.config import PRESETS, ArchConfig, ModelConfig
 from linear_gpt2.platform.errors import DataError
 
 
@@ -59,17 +60,13 @@ class Run:
 
     @property
     def variant(self) -> str:
-        """The attention and what it forgets: ``flash``, ``LT_chunked``, ``LT_chunked+reset``,
-        ``LT_chunked+gate`` (``+fixed`` for RetNet's decay; a non-default feature map is added
-        as ``/elu1``; ``+conv3`` for a short convolution)."""
-        name = self.attention
-        fmap = self.config.get("attention.feature_map", "softplus")
-        if self.family == "linear" and fmap not in (None, "softplus"):
-            name += f"/{fmap}"
-        if self.config.get("attention.doc_reset"):
-            name += "+reset"
-        if self.config.get("attention.decay") not in (None, "none"):
-            name += f"+{self.config['attention.decay']}"
+        """The attention and what its options change, as the spec's options label them:
+        ``flash``, ``LT_chunked``, ``LT_chunked+reset``, ``LT_chunked+gate`` (``+fixed`` for
+        RetNet's decay; a non-default feature map is added as ``/elu1``), and ``+conv3`` for a
+        short convolution."""
+        prefix = "attention."
+        options = {k[len(prefix) :]: v for k, v in self.config.items() if k.startswith(prefix)}
+        name = attention_schema.label(self.attention, options)
         if self.config.get("model.short_conv"):
             name += f"+conv{self.config['model.short_conv']}"
         return name
@@ -140,12 +137,13 @@ def count_params_of(config: dict[str, Any], architecture_only: bool = False) -> 
     """Parameters of the model a flat config describes, by shapes only: all of them (embeddings
     and a gate's projection included), or with ``architecture_only`` those of the plain model
     without position embeddings (what stays fixed across a context and attention sweep)."""
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    fields = {f.name for f in dataclasses.fields(ArchConfig)}
     values = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("model.")}
+    values = {k: v for k, v in values.items() if k in fields}
     if not architecture_only and config.get("attention.decay") not in (None, "none"):
         values["decay"] = config["attention.decay"]  # the gate's projection
         values["attention"] = config.get("attention.name")
-    key = tuple(sorted((k, v) for k, v in values.items() if k in fields))
+    key = tuple(sorted(values.items()))
     return _count_params(key, architecture_only)
 
 

@@ -55,7 +55,7 @@ import yaml
 # The sweep file's model and reader (sweep_file.py), imported from here too.
 from linear_gpt2.experiments.sweep_file import Point, Sweep, load_sweep
 from linear_gpt2.platform.errors import ConfigError, RunError
-from linear_gpt2.training.checkpoint import MUTABLE_PREFIXES, step_dirs
+from linear_gpt2.training.checkpoint import step_dirs
 from linear_gpt2.training.config import Config, diff, load_config, load_config_from_dict
 from linear_gpt2.training.trainer import train
 
@@ -95,7 +95,7 @@ def point_status(cfg: Config) -> tuple[str, str]:
     saved = _saved_config(run_dir)
     changes = diff(saved, cfg) if saved is not None else {}
     detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
-    experiment = {k for k in changes if not k.startswith(MUTABLE_PREFIXES)}
+    experiment = {k for k in changes if not cfg.resume_may_change(k)}
     if experiment and step_dirs(run_dir / "checkpoints"):
         keys = ", ".join(f"{k} {changes[k][0]!r} -> {changes[k][1]!r}" for k in sorted(experiment))
         return "stale", keys

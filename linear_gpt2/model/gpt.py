@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from linear_gpt2 import attention
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.layers import GateProjection, ShortConv, dense, layer_norm, retnet_gammas
@@ -109,7 +108,7 @@ class CausalSelfAttention(nn.Module):
             # accept the one-token sequence init traces.
             y = v
         elif cache is None:
-            fn = attention.get(cfg.attention, **cfg.attention_options())
+            fn = cfg.spec.build(cfg.attention_options)
             kwargs = dict(forget)
             if cfg.dropout > 0 and not self.deterministic and cfg.spec.dropout:
                 kwargs.update(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
@@ -119,7 +118,7 @@ class CausalSelfAttention(nn.Module):
                 for name, value in stats.items():
                     self.sow(diag.COLLECTION, name, value)
         else:
-            dec = attention.decoder(cfg.attention, **cfg.attention_options())
+            dec = cfg.spec.decoder(cfg.attention_options)
             if T == 1:
                 one = {
                     ("reset" if name == "resets" else name): a[:, 0] for name, a in forget.items()

@@ -14,7 +14,6 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from linear_gpt2 import kernels
 from linear_gpt2.model import layer_stats as diag_lib
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.flops import device_peak_flops, flops_per_token
@@ -178,8 +177,6 @@ class StepLoop:
                 self.state, arrays[0], arrays[1], self.rng, *arrays[2:]
             )
             metrics = jax.device_get(metrics)  # waits for the device: the time is real
-            for choice in kernels.new_choices():  # made by shape when first traced
-                self.log.print(f"kernel: {choice}")
         except Exception as e:
             if is_oom(e):
                 raise OutOfMemoryError(

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import jax
 
+from linear_gpt2 import kernels
 from linear_gpt2.model import count_params, init_params
-from linear_gpt2.platform import provenance
+from linear_gpt2.platform import logs, process, provenance
 from linear_gpt2.training import checkpoint as ckpt_lib
 from linear_gpt2.training import data as data_lib
 from linear_gpt2.training.batches import plan_batches
@@ -72,6 +73,7 @@ def train(cfg: Config) -> RunResult:
     restart, ``train.target_val_acc``); the run directory then holds a checkpoint of the last
     step. The run directory is locked for the call (``run_lock.py``): a second trainer on it
     raises :class:`RunDirectoryLockedError` before writing anything."""
+    process.configure()  # before the first device is used; a caller's own settings are kept
     run_dir = Path(cfg.log.run_dir)
     is_main = jax.process_index() == 0
     layout = _lay_out(cfg)
@@ -81,16 +83,19 @@ def train(cfg: Config) -> RunResult:
             save_config(cfg, run_dir / "config.yaml")
             _note_start(run_dir, start)
         log = _start_log(cfg, layout, start, is_main)
-        programs = build_programs(
-            cfg, layout.model_cfg, layout.tx, layout.mesh, layout.plan, layout.shardings.params, log
-        )
-        loop = StepLoop(cfg, layout, programs, log, start)
-        try:
-            stopped_by = loop.run()
-        finally:
-            start.checkpointer.close()
-            log.close()
-            start.loader.close()
+        # Kernel choices made by shape when the step is traced, printed as they are made.
+        with logs.echo(kernels.CHOICES, lambda choice: log.print(f"kernel: {choice}")):
+            programs = build_programs(
+                cfg, layout.model_cfg, layout.tx, layout.mesh, layout.plan,
+                layout.shardings.params, log,
+            )  # fmt: skip
+            loop = StepLoop(cfg, layout, programs, log, start)
+            try:
+                stopped_by = loop.run()
+            finally:
+                start.checkpointer.close()
+                log.close()
+                start.loader.close()
         if is_main:
             records = read_jsonl(run_dir / "metrics.jsonl")
             plot_loss(

@@ -207,7 +207,7 @@ _fused = kernels.fused_linear_attention(_forward, _backward, "LT_chunked kernel=
 
 def chunked_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float):
     """Normalised causal linear attention by chunks of ``c`` (Triton). Same contract as
-    :func:`linear_gpt2.kernels.lt_chunked.chunked_attention`; GPU and jax-triton only.
+    :func:`linear_gpt2.kernels.lt_chunked.ops.chunked_attention`; GPU and jax-triton only.
     The kernels compute offsets from the contiguous ``[B, T, H, Dp]`` layout."""
     check_available()
     return _fused(fq, fk, v, c, eps)
