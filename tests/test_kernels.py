@@ -559,8 +559,11 @@ def test_triton_version_mismatch_is_named(monkeypatch):
 
     versions = {"triton": "3.6.0", "jax-triton": "0.4.1"}
     monkeypatch.setattr(metadata, "version", lambda name: versions[name])
-    monkeypatch.setattr(metadata, "requires", lambda name: ["absl-py>=1.4.0", "triton>=3.7",
-                                                              'pytest; extra == "tests"'])
+    monkeypatch.setattr(
+        metadata,
+        "requires",
+        lambda name: ["absl-py>=1.4.0", "triton>=3.7", 'pytest; extra == "tests"'],
+    )
     msg = triton_fused._triton_mismatch()
     assert msg and "jax-triton 0.4.1 needs triton>=3.7 but triton 3.6.0" in msg
     versions["triton"] = "3.7.1"
