@@ -224,3 +224,93 @@ def test_cpu_collectives_flag_is_set_only_with_several_host_devices():
     many = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "concurrency_optimized_scheduler" not in one.stdout
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in many.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives one at a time on host devices (issue 38)
+
+ONE_AT_A_TIME = """
+import json, sys
+from linear_gpt2.experiments.collectives import unordered_collectives
+from linear_gpt2.training.config import load_config
+from linear_gpt2.training.train_step import jit_train_step, make_eval_step
+from linear_gpt2.training.trainer import _lay_out
+import jax
+out = {}
+for name, overrides in json.loads(sys.argv[2]).items():
+    cfg = load_config(sys.argv[1], overrides)
+    lay = _lay_out(cfg)
+    step = jit_train_step(lay.model_cfg, lay.tx, lay.mesh, accum=lay.plan.accum,
+                          batch=lay.plan.global_micro_batch, context=cfg.data.context)
+    out[name] = unordered_collectives(step.step.lower(*step.args).compile().as_text())
+print(json.dumps(out))
+"""
+
+
+@SLOW
+def test_every_device_runs_its_collectives_one_at_a_time(tmp_path):
+    """The training steps of both context-parallel families, compiled for 8 host devices with
+    JAX's own device setting (so XLA:CPU's concurrency-optimised scheduler stays on, as for a
+    user who sets JAX_NUM_CPU_DEVICES): no collective may start while a loop's collectives are
+    in flight on the same device. The loss's count of tokens did (a reduction over the targets
+    alone), and such runs aborted in XLA's rendezvous (benchmarks/context_parallel_stress.py)."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    cases = {
+        "flash": ["attention.name=flash", "train.context_parallel=2", "model.loss_chunk=0"],
+        "LT_chunked, fused loss": [*CP, "train.context_parallel=2", "model.loss_chunk=8"],
+    }
+    env = {k: v for k, v in _env(1).items() if k != "XLA_FLAGS"}
+    env.update(JAX_NUM_CPU_DEVICES="8", XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_AT_A_TIME, str(config), json.dumps(cases)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == dict.fromkeys(cases, [])
+
+
+def test_collectives_that_may_overlap_a_loop_are_found():
+    """The HLO reading behind the test above: a collective after a loop that holds collectives
+    is flagged unless it depends on the loop's result; collectives inside one computation in a
+    chain of data are not."""
+    from linear_gpt2.experiments.collectives import unordered_collectives
+
+    def module(after: str) -> str:
+        return f"""HloModule m, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {{
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4] get-tuple-element(%p), index=1
+  %r = f32[4] all-reduce(%x), channel_id=1, replica_groups={{{{0,1}}}}, to_apply=%add
+  ROOT %t = (s32[], f32[4]) tuple(%i, %r)
+}}
+
+%cond (q: (s32[], f32[4])) -> pred[] {{
+  %q = (s32[], f32[4]) parameter(0)
+  %j = s32[] get-tuple-element(%q), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}}
+
+ENTRY %main (x0: f32[4], y0: f32[4]) -> f32[4] {{
+  %x0 = f32[4] parameter(0)
+  %y0 = f32[4] parameter(1)
+  %z = s32[] constant(0)
+  %init = (s32[], f32[4]) tuple(%z, %x0)
+  %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body
+  %out = f32[4] get-tuple-element(%w), index=1
+  %late = f32[4] all-reduce({after}), channel_id=2, replica_groups={{{{0,1}}}}, to_apply=%add
+  ROOT %sum = f32[4] add(%out, %late)
+}}
+"""
+
+    assert unordered_collectives(module("%y0")) == [("main", "w", "late")]
+    assert unordered_collectives(module("%out")) == []
