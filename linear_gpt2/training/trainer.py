@@ -64,6 +64,7 @@ class RunResult:
     stopped_by: str  # "max_steps", "max_hours", "target_val_acc", "signal"
     losses: dict[int, float]  # step -> training loss, for the steps this call ran
     state: TrainState  # final parameters and optimizer state (global arrays)
+    signal: int | None = None  # the signal's number when stopped_by is "signal"
 
 
 def train(cfg: Config) -> RunResult:
@@ -98,7 +99,7 @@ def train(cfg: Config) -> RunResult:
                 run_dir / "loss.png",
                 f"{cfg.log.name}: {cfg.attention.name}, context {cfg.data.context}",
             )
-    return RunResult(run_dir, loop.step, stopped_by, loop.losses, loop.state)
+    return RunResult(run_dir, loop.step, stopped_by, loop.losses, loop.state, loop.stop_signal)
 
 
 # --------------------------------------------------------------------------------------------
