@@ -1,9 +1,13 @@
-"""The analysis notebooks execute on the fixture results (so they cannot rot), and
-scripts/plot_runs.py draws the learning figures from run directories."""
+"""The analysis notebooks execute headless on the fixture results (so they cannot rot) and on
+the repository's own results as a clean clone has them (no run directories: they say which
+command makes them; what they show agrees with README.md and docs/results.md), writing nothing
+under $HOME or $TMPDIR; scripts/plot_runs.py draws the learning figures from run directories and
+labels every run by what sets it apart."""
 
 import csv
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,7 +129,8 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
     table = (out / "context_table.md").read_text()
     assert "| flash | 5.600 | 5.450 |" in table and "LT_chunked+reset" in table
     csv_rows = (out / "context_table.csv").read_text().splitlines()
-    assert csv_rows[0] == "size,variant,context,seed,steps,val,train,gap,train_s,spikes,name"
+    header = "size,variant,context,seed,steps,val,train,gap,train_s,spikes,name,label,step_ms"
+    assert csv_rows[0] == header
     assert len(csv_rows) == 9
     for row in csv.DictReader(csv_rows):
         records = [
@@ -134,6 +139,79 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
         ]
         spikes = [x["diag/spikes"] for x in records if "diag/spikes" in x]
         assert row["spikes"] == str(spikes[-1]) and row["seed"] == "0", row
+
+
+def _write_run(root: Path, name: str, attention: dict, seed: int = 0, cp: int = 1, val=5.0):
+    """A run directory as the trainer writes one (config.yaml, metrics.jsonl): four steps, the
+    first slow (it compiled), an evaluation at the last."""
+    import yaml
+
+    run = root / name
+    run.mkdir(parents=True)
+    config = {
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 128, "vocab_size": 50304},
+        "attention": {"chunk_size": 64, "kernel": "auto", **attention},
+        "data": {"context": 128, "path": str(root / "data" / name)},
+        "train": {"context_parallel": cp, "max_steps": 4},
+        "log": {"name": name, "run_dir": str(run)},
+        "checkpoint": {"every": 100},
+        "seed": seed,
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    times = [9.0, 0.1 * (1 + seed + cp), 0.1 * (1 + seed + cp), 0.5]
+    lines = [{"step": i + 1, "loss": 6.0 - 0.1 * i, "step_time_s": t, "hours": i / 3600}
+             for i, t in enumerate(times)]  # fmt: skip
+    lines[-1]["val_loss"] = val
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_plot_runs_labels_each_run_by_what_sets_it_apart_and_never_merges_two(tmp_path):
+    """A chunk-size sweep, a kernel, context parallelism, a variant's own option, two seeds and
+    two identical runs, all at one size and context: scripts/plot_runs.py gives each run its own
+    row and line, labelled by what differs, with its median step time (its first, compiling
+    step left out); logging, checkpointing and data paths, which differ in every run, never
+    label."""
+    runs = tmp_path / "runs"
+    _write_run(runs, "flash_s0", {"name": "flash"}, val=5.00)
+    _write_run(runs, "flash_s1", {"name": "flash"}, seed=1, val=5.02)
+    _write_run(runs, "lt_c32", {"name": "LT_chunked", "chunk_size": 32}, val=5.10)
+    _write_run(runs, "lt_c64", {"name": "LT_chunked"}, val=5.11)
+    _write_run(runs, "lt_c64_pallas", {"name": "LT_chunked", "kernel": "pallas"}, val=5.12)
+    _write_run(runs, "lt_c64_cp2", {"name": "LT_chunked"}, cp=2, val=5.13)
+    _write_run(runs, "mine_a", {"name": "my_lab.attn", "extra": {"alpha": 0.5}}, val=5.2)
+    _write_run(runs, "mine_b", {"name": "my_lab.attn", "extra": {"alpha": 1.0}}, val=5.3)
+    _write_run(runs, "mine_b_again", {"name": "my_lab.attn", "extra": {"alpha": 1.0}}, val=5.4)
+    out = tmp_path / "figs"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "plot_runs.py"), str(runs), "--out", str(out)],
+        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in csv.DictReader((out / "context_table.csv").open())}
+    assert len(rows) == 9 and len({r["label"] for r in rows.values()}) == 9
+    assert rows["flash_s0"]["label"] == "flash seed=0"
+    assert rows["flash_s1"]["label"] == "flash seed=1"
+    lt = "LT_chunked chunk_size={}, kernel={}, context_parallel={}"
+    assert rows["lt_c32"]["label"] == lt.format(32, "auto", 1)
+    assert rows["lt_c64_pallas"]["label"] == lt.format(64, "pallas", 1)
+    assert rows["lt_c64_cp2"]["label"] == lt.format(64, "auto", 2)
+    assert rows["mine_a"]["label"] == "my_lab.attn alpha=0.5"
+    assert {rows["mine_b"]["label"], rows["mine_b_again"]["label"]} == {
+        "my_lab.attn alpha=1.0 [mine_b]", "my_lab.attn alpha=1.0 [mine_b_again]"}  # fmt: skip
+    # The median step without the compiling first: 0.1 * (1 + seed + cp) seconds.
+    assert float(rows["flash_s1"]["step_ms"]) == pytest.approx(300.0)
+    assert float(rows["lt_c64_cp2"]["step_ms"]) == pytest.approx(300.0)
+    assert float(rows["lt_c32"]["gap"]) == pytest.approx(0.10)  # against flash of its seed
+    table = (out / "context_table.md").read_text()
+    assert (
+        "| LT_chunked chunk_size=32, kernel=auto, context_parallel=1 | 5.100 (+0.100), 200 ms/step |"
+        in table
+    )
+    assert table.count("| my_lab.attn alpha=1.0 [") == 2 and "data" not in table.split("|")[1]
+    final = (out / "final_loss.md").read_text()
+    row = next(line for line in final.splitlines() if line.startswith("| lt_c64_cp2 |"))
+    assert "| LT_chunked chunk_size=64, kernel=auto, context_parallel=2 |" in row
+    assert row.endswith("| 300.0 |")  # the median step beside the final loss
 
 
 def test_one_model_swept_over_contexts_and_gates_is_one_size():
