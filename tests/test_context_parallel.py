@@ -5,6 +5,7 @@ resumption, the collectives counted against their model, and one-line refusals."
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.batches import plan_batches
 from linear_gpt2.training.config import load_config
-from tests.helpers import SLOW
+from tests.helpers import SLOW, entry_point_calls
 from tests.test_trainer import (
     TINY,
     _env,
@@ -154,6 +155,52 @@ def test_bad_context_parallel_settings_are_one_line(tmp_path, overrides, message
     with pytest.raises(ConfigError, match=message) as err:
         _config(tmp_path, *overrides)
     assert "\n" not in str(err.value)
+
+
+@SLOW
+def test_the_console_shows_the_split_and_never_cuts_a_line(setup):  # noqa: F811
+    """scripts/train.py under context parallelism, stdout a pipe (a job's log): the header
+    names the data x seq mesh and each device's share of a sequence, and a line longer than 80
+    columns (the stop line's checkpoint path) is printed whole."""
+    root, config, base = setup
+    run = root / ("a_run_directory_whose_path_alone_passes_eighty_columns_" * 2).strip("_")
+    args = [*base, *CP, "train.context_parallel=2", "train.max_steps=1",
+            "train.max_hours=1e-9", f"log.run_dir={run}"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), str(config), *args],
+        env=_env(2), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if "parameters |" in line)
+    assert "| 2 devices in 1 process(es) (data 1 x seq 2: 8 tokens of each sequence per " in header
+    assert "micro-steps of 2 per data group | starting at step 0 of 1" in header
+    stop = f"stopped by max_hours at step 1; checkpoint saved in {run / 'checkpoints'}"
+    assert stop in lines, proc.stdout[-3000:]
+
+
+def test_the_context_advised_for_a_split_passes_every_check(tmp_path):
+    """``train.context_parallel`` that does not divide the context (issue 38: 3 advised 126,
+    which LT_chunked's chunks then refused): the one-line error of scripts/train.py advises a
+    context that the config's checks all accept, for each variant's own rule of slices."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    cases = [["attention.name=LT_chunked", "train.context_parallel=3"],  # chunks of 64: 192
+             ["attention.name=LT_chunked", "attention.chunk_size=2", "train.context_parallel=3"],
+             ["attention.name=flash", "train.context_parallel=3"],  # zigzag: slices that halve
+             ["attention.name=flash", "data.context=12", "train.context_parallel=8"]]  # fmt: skip
+    results = entry_point_calls(
+        ROOT / "scripts" / "train.py", [[str(config), *o] for o in cases], env=_env(1)
+    )
+    for overrides, (code, err) in zip(cases, results, strict=True):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "does not divide data.context" in lines[0], err
+        advised = int(re.search(r"e\.g\. data\.context=(\d+)", lines[0])[1])
+        fixed = [*overrides, f"data.context={advised}", f"model.block_size={max(advised, 16)}"]
+        cfg = _config(tmp_path, *fixed)  # no ConfigError: the advice passes
+        assert cfg.data.context == advised and advised % cfg.train.context_parallel == 0
+    first = results[0][1]  # LT_chunked's chunks of 64 take no context of 16 or less: above
+    assert "data.context=192, with model.block_size at least that" in first
 
 
 def test_seq_must_divide_the_devices_and_fit_the_hosts(tmp_path):

@@ -132,15 +132,16 @@ def validate_context(
             f"train.context_parallel={n}: attention {name!r} does not split the sequence over "
             f"devices; those that do: {takes}; use one of them, or train.context_parallel=1"
         )
+    kwargs = kwargs_for(spec, options)
     if n > 1 and context % n:
+        fits = _fitting_context(spec, kwargs, context, n)
+        advice = f"e.g. data.context={fits}" if fits else f"a multiple of {n}"
         raise ConfigError(
             f"train.context_parallel={n} does not divide data.context={context} into equal "
-            f"slices; use a context that {n} divides (e.g. {context // n * n or n})"
+            f"slices; use a context that {n} divides and whose slices {name!r} takes ({advice}"
+            + (", with model.block_size at least that)" if fits and fits > context else ")")
         )
-    tokens, kwargs = context // n, kwargs_for(spec, options)
-    problem = None if spec.context_problem is None else spec.context_problem(tokens, kwargs)
-    if not problem and n > 1 and spec.slice_problem is not None:
-        problem = spec.slice_problem(tokens, n, kwargs)
+    problem = _problem(spec, kwargs, context, n)
     if problem:
         where = (
             f"data.context={context}"
@@ -148,6 +149,27 @@ def validate_context(
             else f"each device's slice (data.context={context} / train.context_parallel={n})"
         )
         raise ConfigError(f"{prefix}{_first_option(problem, spec)}: {where}: {problem}")
+
+
+def _problem(spec, kwargs: Mapping[str, Any], context: int, n: int) -> str | None:
+    """Why ``context`` tokens split into ``n`` slices do not suit the variant, or None."""
+    tokens = context // n
+    problem = None if spec.context_problem is None else spec.context_problem(tokens, kwargs)
+    if not problem and n > 1 and spec.slice_problem is not None:
+        problem = spec.slice_problem(tokens, n, kwargs)
+    return problem
+
+
+def _fitting_context(spec, kwargs: Mapping[str, Any], context: int, n: int) -> int | None:
+    """The context nearest ``context`` that ``n`` slices split and the variant takes (the
+    largest below, else the smallest above, within 64 times it), so advice is never refused."""
+    below = range(context // n * n, 0, -n)
+    above = range(context // n * n + n, 64 * max(context, n) + 1, n)
+    for candidates in (below, above):
+        for c in candidates:
+            if not _problem(spec, kwargs, c, n):
+                return c
+    return None
 
 
 def _first_option(err: ValueError | str, spec) -> str:
