@@ -78,7 +78,9 @@ def _main(argv: list[str]) -> int:
     sweep = sweep_lib.load_sweep(args.sweep, args.overrides)
     if args.dry_run:
         for point, (status, detail), cmd in sweep_lib.dry_run(sweep):
-            note = f" ({detail})" if detail and status in ("changed", "stale", "interrupted") else ""
+            note = (
+                f" ({detail})" if detail and status in ("changed", "stale", "interrupted") else ""
+            )
             print(f"[{point.index}] {status} {point.name}{note}\n    {shlex.join(cmd)}")
         return 0
     if args.slurm:
