@@ -243,6 +243,7 @@ def _write_run(root: Path, name: str, attention: dict, seed: int = 0, cp: int = 
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
+@pytest.mark.slow
 def test_plot_runs_labels_each_run_by_what_sets_it_apart_and_never_merges_two(tmp_path):
     """A chunk-size sweep, a kernel, context parallelism, a variant's own option, two seeds and
     two identical runs, all at one size and context: scripts/plot_runs.py gives each run its own
