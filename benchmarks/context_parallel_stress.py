@@ -160,10 +160,17 @@ def main(argv=None) -> int:
         for c in args.cases
     }  # fmt: skip
     record = {
-        "meta": {**provenance.environment(), "label": args.label, "devices": DEVICES,
-                 "burners": args.burners, "steps": args.steps, "devices_by": args.devices_by,
-                 "base": BASE, "model": MODEL, "cases": CASES,
-                 "wall_s": round(time.time() - t_start), "how": "measured"},
+        "meta": {
+            "how": "measured",
+            "environment": provenance.environment(),
+            "label": args.label,
+            "settings": {
+                "devices": DEVICES, "devices_by": args.devices_by, "burners": args.burners,
+                "steps": args.steps, "runs": args.runs, "base": BASE, "model": MODEL,
+                "cases": CASES,
+            },
+            "wall_s": round(time.time() - t_start),
+        },
         "counts": counts,
         "runs": runs,
     }  # fmt: skip
