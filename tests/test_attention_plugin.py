@@ -29,7 +29,7 @@ from linear_gpt2.model import ModelConfig, count_params, init_params, param_shap
 from linear_gpt2.model.flops import flops_per_token
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.config import load_config
-from tests.helpers import TINY_OVERRIDES, rel_err
+from tests.helpers import TINY_OVERRIDES, entry_point_calls, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "tempered_attention.py"
@@ -358,3 +358,28 @@ def test_the_branch_finder_finds_branches():
         "'LT_chunked'", "'pallas'", "'flash'", ".startswith('pallas_blocked')",
         ".startswith('LT_')", ".startswith('LT_state_parallel (')", "['LT_state_parallel']",
     ]), hits  # fmt: skip
+
+
+def test_unknown_names_suggest_what_was_meant_and_how_to_name_ones_own(lab, tmp_path):
+    """Through scripts/train.py (one line, exit 2, before any JAX): a name made of a
+    registered one suggests it (``flash_attention`` -> ``flash``, not ``LT_attention``); a
+    top-level module of one's own, not registered, is told how to name it (its package, or
+    ``module:SPEC``), and that form works."""
+    (lab / "tempered_top.py").write_text(EXAMPLE.read_text())
+    config = str(ROOT / "configs/default.yaml")
+    cases = [
+        ("flash_attention", "unknown attention 'flash_attention' (did you mean 'flash'?)"),
+        ("Softmax_Attention", "(did you mean 'softmax'?)"),
+        ("LT_chunk", "(did you mean 'LT_chunked'?)"),
+        ("tempered_top", "a module of your own is named by its path with its package "
+         "(my_lab.attn, defining SPEC), or as tempered_top:SPEC for a top-level module"),
+        ("no_such_thing", "or the module path of a variant of your own, with its package"),
+        # The form the message names gets past the name, to the next setting's check.
+        ("tempered_top:SPEC", "error: train.context_parallel"),
+    ]  # fmt: skip
+    calls = [[config, f"attention.name={name}", "train.context_parallel=0"] for name, _ in cases]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{ROOT}{os.pathsep}{lab}"}
+    results = entry_point_calls(ROOT / "scripts" / "train.py", calls, env=env, cwd=tmp_path)
+    for (name, says), (code, err) in zip(cases, results, strict=True):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and says in lines[0], (name, err)

@@ -161,6 +161,9 @@ def test_the_command_checks_and_writes(tmp_path):
     script = [sys.executable, str(ROOT / "scripts" / "render_reports.py"), "--root", str(root)]
     ok = subprocess.run([*script, "--check"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
+    said = ok.stdout.strip().splitlines()  # success says so, in one line
+    assert len(said) == 1 and said[0].startswith("every generated block agrees"), ok.stdout
+    assert re.search(r"\((\d+) blocks in (\d+) documents\)", said[0])
     page = root / "benchmarks" / "results" / "ab_step_time_default.md"
     page.write_text(page.read_text().replace("Ratio of medians", "Ratio"))
     bad = subprocess.run([*script, "--check"], capture_output=True, text=True)

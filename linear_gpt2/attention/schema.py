@@ -150,14 +150,14 @@ def validate_context(
             f"devices; those that do: {takes}; use one of them, or train.context_parallel=1"
         )
     if n > 1 and context % n:
+        fits = _fitting_context(spec, options, context, n)
+        advice = f"e.g. data.context={fits}" if fits else f"a multiple of {n}"
         raise ConfigError(
             f"train.context_parallel={n} does not divide data.context={context} into equal "
-            f"slices; use a context that {n} divides (e.g. {context // n * n or n})"
+            f"slices; use a context that {n} divides and whose slices {name!r} takes ({advice}"
+            + (", with model.block_size at least that)" if fits and fits > context else ")")
         )
-    tokens = context // n
-    problem = None if spec.context_problem is None else spec.context_problem(tokens, options)
-    if not problem and n > 1 and spec.slice_problem is not None:
-        problem = spec.slice_problem(tokens, n, options)
+    problem = _problem(spec, options, context, n)
     if problem:
         where = (
             f"data.context={context}"
@@ -165,6 +165,27 @@ def validate_context(
             else f"each device's slice (data.context={context} / train.context_parallel={n})"
         )
         raise ConfigError(f"{prefix}{_first_option(problem, spec.options)}: {where}: {problem}")
+
+
+def _problem(spec, options: Options, context: int, n: int) -> str | None:
+    """Why ``context`` tokens split into ``n`` slices do not suit the variant, or None."""
+    tokens = context // n
+    problem = None if spec.context_problem is None else spec.context_problem(tokens, options)
+    if not problem and n > 1 and spec.slice_problem is not None:
+        problem = spec.slice_problem(tokens, n, options)
+    return problem
+
+
+def _fitting_context(spec, options: Options, context: int, n: int) -> int | None:
+    """The context nearest ``context`` that ``n`` slices split and the variant takes (the
+    largest below, else the smallest above, within 64 times it), so advice is never refused."""
+    below = range(context // n * n, 0, -n)
+    above = range(context // n * n + n, 64 * max(context, n) + 1, n)
+    for candidates in (below, above):
+        for c in candidates:
+            if not _problem(spec, options, c, n):
+                return c
+    return None
 
 
 def _first_option(err: ValueError | str, cls: type[Options]) -> str:

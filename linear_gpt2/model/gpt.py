@@ -43,6 +43,7 @@ from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.layers import GateProjection, ShortConv, dense, layer_norm, retnet_gammas
 from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
+from linear_gpt2.model.loss import counted as counted_after
 from linear_gpt2.model.tokenizer import EOT
 
 _init = nn.initializers.normal(stddev=0.02)
@@ -290,7 +291,8 @@ class GPT(nn.Module):
             )
             counted = targets != IGNORE_INDEX
             hits = (jnp.argmax(logits, axis=-1) == targets) & counted
-            return hits.sum(), counted.sum()
+            # The count after the logits, as the loss's (loss.counted: issue 38).
+            return hits.sum(), counted_after(counted, logits).astype(jnp.int32)
         if targets is not None and loss_chunk_tokens(cfg) > 0:
             return head_cross_entropy(
                 x, wte.embedding, targets, chunk=loss_chunk_tokens(cfg), dtype=cfg.dtype

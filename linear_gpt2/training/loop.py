@@ -74,6 +74,7 @@ class StepLoop:
         self.checkpointer, self.loader, self.log = start.checkpointer, start.loader, log
         self.state, self.rng, self.step = start.state, start.rng, start.step
         self.last_saved = start.step if start.step > 0 else None
+        self.stop_signal: int | None = None  # SIGINT / SIGTERM when a signal stopped the run
         self.losses: dict[int, float] = {}
         self.spikes = _spike_counter(cfg, log, start.step)
         self.tokens_per_update = self.plan.sequences * cfg.data.context
@@ -100,6 +101,7 @@ class StepLoop:
             while stopped_by is None and self.step < self.cfg.train.max_steps:
                 stopped_by = self._advance(stop)
             stopped_by = stopped_by or "max_steps"
+            self.stop_signal = stop.signal
             if self.last_saved != self.step:
                 self.save(self.step, force=True)
             if stopped_by not in ("max_steps", "target_val_acc"):

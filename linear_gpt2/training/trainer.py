@@ -65,6 +65,7 @@ class RunResult:
     stopped_by: str  # "max_steps", "max_hours", "target_val_acc", "signal"
     losses: dict[int, float]  # step -> training loss, for the steps this call ran
     state: TrainState  # final parameters and optimizer state (global arrays)
+    signal: int | None = None  # the signal's number when stopped_by is "signal"
 
 
 def train(cfg: Config) -> RunResult:
@@ -103,7 +104,7 @@ def train(cfg: Config) -> RunResult:
                 run_dir / "loss.png",
                 f"{cfg.log.name}: {cfg.attention.name}, context {cfg.data.context}",
             )
-    return RunResult(run_dir, loop.step, stopped_by, loop.losses, loop.state)
+    return RunResult(run_dir, loop.step, stopped_by, loop.losses, loop.state, loop.stop_signal)
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,12 +205,25 @@ def _start_log(cfg: Config, layout: Layout, start: Start, is_main: bool) -> RunL
     log.print(cfg.to_yaml())
     trained = f" after {start.hours:.3f} hours" if start.step else ""
     log.print(
-        f"{layout.n_params / 1e6:.2f}M parameters | {plan.devices} devices in {plan.processes} "
-        f"process(es) | {plan.sequences} x {cfg.data.context} tokens per update = {plan.accum} "
-        f"micro-steps of {plan.micro_batch} per device | starting at step {start.step} of "
-        f"{total}{trained}"
+        f"{layout.n_params / 1e6:.2f}M parameters | {_devices(plan, cfg.data.context)} | "
+        f"{plan.sequences} x {cfg.data.context} tokens per update = {plan.accum} micro-steps "
+        f"of {plan.micro_batch} per {'data group' if plan.seq_shards > 1 else 'device'} | "
+        f"starting at step {start.step} of {total}{trained}"
     )
     return log
+
+
+def _devices(plan, context: int) -> str:
+    """How the devices split the work: ``8 devices in 1 process(es)``, and under context
+    parallelism the mesh and each device's share of a sequence: ``(data 4 x seq 2: 128 tokens
+    of each sequence per device)``."""
+    out = f"{plan.devices} devices in {plan.processes} process(es)"
+    if plan.seq_shards > 1:
+        out += (
+            f" (data {plan.data_devices} x seq {plan.seq_shards}: "
+            f"{context // plan.seq_shards} tokens of each sequence per device)"
+        )
+    return out
 
 
 def _warn(message: str) -> None:
