@@ -346,3 +346,22 @@ def test_the_h100_store_key_is_the_one_the_gpu_computes(tmp_path):
     if "backend_platform_version" not in gpu:  # no GPU run has recorded these yet
         assert fields["backend version"]["match"] is None
         assert fields["accelerator config"]["match"] is None
+
+
+def test_compile_ab_without_loaded_steps_says_what_its_ratio_is():
+    """On a card the store was not compiled for (an H200), no step is loaded: the page must not
+    call the step unit's column 'loaded'."""
+    from linear_gpt2.experiments.reports import gpu_check as page
+    from linear_gpt2.experiments.reports.core import Raw
+
+    row = {"attention": "flash", "size": "124M", "context": 4096, "chunk_size": None,
+           "loaded_ms": 21.96, "compiled_there_ms": 21.66, "ratio": 21.96 / 21.66}  # fmt: skip
+    meta = {"how": "measured", "environment": {"device_kind": "NVIDIA H200"}}
+    none = page.compile_ab(
+        Raw("x.json", {"meta": meta, "rows": [{**row, "loaded": 0, "looked_up": 0}]})
+    )
+    assert "none loaded" in none and "loaded median ms" not in none and "step unit / there" in none
+    some = page.compile_ab(
+        Raw("x.json", {"meta": meta, "rows": [{**row, "loaded": 2, "looked_up": 2}]})
+    )
+    assert "2 of 2 steps loaded" in some and "| loaded median ms |" in some.replace("\n", "|")
