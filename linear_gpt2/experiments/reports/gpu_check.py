@@ -131,7 +131,9 @@ def kernels(raw: Raw) -> str:
             checks = [f"`{r['impl']}` {r['check_rel_err']:.1e}" for r in sel
                       if r.get("check_rel_err") is not None and r["mode"] == "fwd"]  # fmt: skip
             B, H, D = shape
-            out += ["", f"(B, H, D) = ({B}, {H}, {D}), forgetting: {forget}; ms (TFLOP/s):", "",
+            out += ["", f"(B, H, D) = ({B}, {H}, {D}), forgetting: {forget}; ms (TFLOP/s, "
+                    "each variant's count: softmax's 4 T D per head not halved for causality, "
+                    "as nanoGPT counts):", "",
                     table(head, body, "l" + "r" * (len(head) - 1))]  # fmt: skip
             if checks:
                 out += ["", "Outputs against ours before timing (||out - ours|| / ||ours||): "
