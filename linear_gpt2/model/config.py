@@ -39,6 +39,14 @@ class ArchConfig:
     bias: bool = True
     # Activation/matmul dtype; parameters, LayerNorm statistics, softmax and loss stay float32.
     dtype: str = "float32"
+    # The residual stream's dtype (the blocks' carry, each residual add, the block input that
+    # remat keeps or offloads): float32 as torch autocast keeps it (nanoGPT's numerics), or
+    # bfloat16 (half its bytes; LayerNorm statistics and the loss stay float32).
+    residual_dtype: str = "float32"
+    # The blocks as one nn.scan (true: compile time flat in depth) or unrolled (false: no
+    # stacking of per-layer activations and gradients, compile time grows with depth). The
+    # parameters are stacked under h either way, so checkpoints and weights serve both.
+    scan_layers: bool = True
     # Rematerialisation policy per block (REMAT above). true/false are accepted for full/none.
     remat: bool | str = "auto"
     # Tokens per chunk of the fused head + cross-entropy (loss.py), which never holds the whole
@@ -76,6 +84,13 @@ class ArchConfig:
         )
         check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         check_choice(self.dtype, "model.dtype", DTYPES)
+        check_choice(self.residual_dtype, "model.residual_dtype", DTYPES)
+        check(
+            isinstance(self.scan_layers, bool),
+            "model.scan_layers",
+            f"must be true (one nn.scan over the blocks) or false (unrolled), got "
+            f"{self.scan_layers!r}",
+        )
         if isinstance(self.remat, bool):  # the earlier boolean form
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         check_choice(self.remat, "model.remat", REMAT)

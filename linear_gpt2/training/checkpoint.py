@@ -62,6 +62,7 @@ MUTABLE_PREFIXES = (
     "attention.chunk_size",
     "model.remat",
     "model.loss_chunk",
+    "model.scan_layers",  # the parameters are stacked under h either way (model/gpt.py)
 )
 LOADER_STATE = "loader_state"
 
