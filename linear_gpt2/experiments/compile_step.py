@@ -26,6 +26,7 @@ from linear_gpt2.platform.target import (
     devices,
     get,
     replicated,
+    traced_for,
 )
 from linear_gpt2.training import memory_plan
 from linear_gpt2.training.batches import plan_batches
@@ -189,7 +190,13 @@ def compile_train_step(
             hlo[c] = compiled.as_text()
         return report.memory, None
 
-    chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung)
+    shape = step_shape(t, batch, context or cfg.block_size, accum, context_parallel, fsdp)
+
+    def estimate(c):
+        with traced_for(t):
+            return memory_plan.estimate(c, shape)
+
+    chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung, estimate=estimate)
     if chosen.config not in reports:  # fully explicit settings: plan() compiled nothing
         compile_candidate(chosen.config)
         mem = reports[chosen.config].memory
@@ -209,6 +216,19 @@ def compile_train_step(
         if chosen.config in hlo
         else [],
     )
+
+
+def step_shape(
+    target: str | Target, batch: int, context: int, accum: int = 1, context_parallel: int = 1,
+    fsdp: bool = False,
+) -> memory_plan.StepShape:
+    """The step as one of ``target``'s devices runs it (``memory_plan.estimate``'s input):
+    ``batch`` global sequences per micro-step of ``context`` tokens."""
+    t = get(target)
+    return memory_plan.StepShape.of(
+        batch, context, accum=accum, devices=t.n_devices, context_parallel=context_parallel,
+        fsdp=fsdp, devices_per_host=int(t.topology.split("x")[2]),
+    )  # fmt: skip
 
 
 def with_context(cfg: Any, context: int) -> Any:
