@@ -112,7 +112,8 @@ def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict, rows: list[d
     m = m.replace(remat="auto", loss_chunk="auto")
     known = {f["setting"]: f["compiled_bytes"] for k, f in fresh.items()
              if k.startswith(f"{name}: ")}  # fmt: skip
-    known.update({r["setting"]: r["compiled_bytes"] for r in rows if r["point"] == file})
+    if not overrides:  # the config as shipped: its compiles in the raw files
+        known.update({r["setting"]: r["compiled_bytes"] for r in rows if r["point"] == file})
     estimates = {}
 
     def estimate(c):

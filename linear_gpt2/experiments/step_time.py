@@ -135,7 +135,10 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
             return compiled_memory(compiled), compiled
 
         budget = None if memory_plan.is_resolved(cfg) else memory_plan.device_budget()
-        plan = memory_plan.plan(cfg, compile_candidate, budget)
+        shape = memory_plan.StepShape(batch, cfg.block_size)
+        plan = memory_plan.plan(
+            cfg, compile_candidate, budget, estimate=lambda c: memory_plan.estimate(c, shape)
+        )
         compiled = plan.executable
         if compiled is None:
             compiled = compile_candidate(plan.config)[1]

@@ -170,6 +170,20 @@ def _is_host(aval) -> bool:
     return "host" in str(getattr(aval, "memory_space", "")).lower()
 
 
+def _param_shapes(cfg: ModelConfig) -> Any:
+    """The parameters' shapes (``model.param_shapes``), the same for every memory setting."""
+    from linear_gpt2.model import init_config
+
+    return _shapes(init_config(cfg).replace(scan_layers=True, residual_dtype="float32"))
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes(cfg: ModelConfig) -> Any:
+    from linear_gpt2.model import param_shapes
+
+    return param_shapes(cfg)
+
+
 @functools.lru_cache(maxsize=64)
 def _saved_bytes(
     cfg: ModelConfig, n_layer: int, batch: int, positions: int, platform: str
@@ -177,7 +191,7 @@ def _saved_bytes(
     """(device, host) bytes of what the loss's forward keeps for its backward at ``n_layer``
     layers, ``batch`` sequences of ``positions`` tokens: traced, not compiled. ``platform``
     keys the cache: the kernels traced depend on it."""
-    from linear_gpt2.model import loss_fn, param_shapes
+    from linear_gpt2.model import loss_fn
 
     c = cfg.replace(n_layer=n_layer, block_size=max(cfg.block_size, positions))
     tokens = jax.ShapeDtypeStruct((batch, positions), jnp.int32)
@@ -188,7 +202,7 @@ def _saved_bytes(
                        segment_ids=seg[0] if seg else None)  # fmt: skip
 
     device = host = 0
-    for aval, why in _saved_residuals(loss, param_shapes(c), tokens, tokens, *extra):
+    for aval, why in _saved_residuals(loss, _param_shapes(c), tokens, tokens, *extra):
         if "from the argument" in why:  # parameters and tokens: counted as state and inputs
             continue
         n = math.prod(aval.shape) * aval.dtype.itemsize
@@ -219,11 +233,10 @@ def _params(cfg: ModelConfig, shape: StepShape) -> dict[str, int]:
     """Parameter counts: ``all``, ``blocks`` (under ``h``), ``positions`` (``wpe``), and
     ``bytes``: float32 bytes of one device's share (FSDP splits an array over every device
     where :func:`~linear_gpt2.training.sharding.fsdp_spec` does)."""
-    from linear_gpt2.model import param_shapes
     from linear_gpt2.training.sharding import fsdp_spec
 
     out = {"all": 0, "blocks": 0, "positions": 0, "bytes": 0}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(param_shapes(cfg)):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(_param_shapes(cfg)):
         n = math.prod(leaf.shape)
         split = shape.fsdp and fsdp_spec(tuple(leaf.shape), shape.devices) != P()
         out["bytes"] += 4 * n // (shape.devices if split else 1)
@@ -344,7 +357,9 @@ def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
     from linear_gpt2.model.flops import attention_forward_flops_per_token
 
     attn = L * attention_forward_flops_per_token(cfg, shape.context)
-    per_token = 6 * n_params + 3 * attn
+    per_token = (
+        6 * (n_params - p["positions"]) + 3 * attn
+    )  # a position is looked up, not multiplied
     if cfg.remat == "dots":
         per_token += attn
     elif cfg.remat in ("full", "offload"):

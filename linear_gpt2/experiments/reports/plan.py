@@ -52,8 +52,9 @@ def estimate_page(raw: Raw) -> str:
         "time, and takes the first whose compiled memory fits. Here every setting compiled "
         "for an H100 target in `benchmarks/results/` is estimated at this commit and set "
         "beside its compiled memory (XLA's buffer assignment, deviceless), each at the commit "
-        f"its file records; the fresh points were compiled at {short(prov['commit'])}. "
-        f"jax {prov['jax']}, {prov['time']}.",
+        "its file records (the fresh points at "
+        + ", ".join(sorted({short(f["git_commit"]) for f in d.get("fresh", {}).values()}))
+        + f"); estimated at {short(prov['commit'])}. jax {prov['jax']}, {prov['time']}.",
         "",
         "## Error by group",
         "",
@@ -117,4 +118,50 @@ def estimate_page(raw: Raw) -> str:
                      gib(r["compiled_bytes"]), _pct(r["error"]), short(r["source_commit"])])  # fmt: skip
     lines.append(table(["group", "point", "setting", "estimate GiB", "compiled GiB", "error",
                         "compiled at"], body, "lllrrrl"))  # fmt: skip
+    return "\n".join(lines)
+
+
+@renderer("model_switches.page")
+def switches_page(raw: Raw) -> str:
+    d = raw.data
+    prov, s = provenance(d), d["meta"]["settings"]
+    lines = [
+        "# `model.residual_dtype` and `model.scan_layers` in the step compiled for the H100",
+        "",
+        f"**Compiled; time MODELLED.** The trainer's step (clip + AdamW, state donated) for "
+        f"{s['size']} `{s['attention']}` (chunk {s['chunk_size']}, batch {s['batch']}, "
+        f"{s['dtype']} matmuls) compiled for the H100 on a machine without a GPU (deviceless "
+        "XLA; `benchmarks/model_switches.py`), with each switch. Memory is XLA's buffer "
+        "assignment; HBM bytes and launches are read from the optimized program "
+        "(`experiments/hlo_costs.py`: each launch's operands and outputs, loops by their trip "
+        "counts); 'stacking' is the kernels that only zero-fill the scan's `[n_layer, ...]` "
+        "buffers or copy activations into and out of them; the compile time is this shared "
+        "2-core machine's; the step time is the step-time MODEL's (`train_step_h100_model.md`,"
+        f" fitted at {short(s['model_commit'])}), not a measurement. jax {prov['jax']}, commit "
+        f"{short(prov['commit'])}, {prov['time']}.",
+        "",
+    ]
+    for context in dict.fromkeys(p["context"] for p in d["points"]):
+        pts = [p for p in d["points"] if p["context"] == context]
+        base = pts[0]
+        lines += [f"## {context:,} tokens (remat {base['remat']}, loss chunk "
+                  f"{base['loss_chunk']})", ""]  # fmt: skip
+        body = []
+        for p in pts:
+            st = p["stacking"]
+            body.append([
+                p["variant"], gib(p["memory_bytes"]), f"{p['bytes'] / 1e9:,.1f}",
+                f"{p['launches']:,}", f"{st['bytes'] / 1e9:,.2f} ({st['launches']:,})",
+                f"{p['compile_seconds']:,.0f}", f"{p['modelled_ms']:,.1f}",
+                f"{p['modelled_ms'] / base['modelled_ms']:.3f}",
+            ])  # fmt: skip
+        lines.append(table(["variant", "memory GiB", "HBM GB moved", "launches",
+                            "stacking GB (launches)", "compile s", "MODEL ms",
+                            "MODEL / default"], body, "lrrrrrrr"))  # fmt: skip
+        classes = ("matmul", "kernel", "elementwise", "reduction")
+        lines += ["", "HBM GB moved by op class (matmul / Pallas / elementwise / reductions "
+                  "and transposes): " + "; ".join(
+                      f"{p['variant']} " + " / ".join(
+                          f"{p['by_class'].get(k, {}).get('bytes', 0) / 1e9:,.1f}"
+                          for k in classes) for p in pts) + ".", ""]  # fmt: skip
     return "\n".join(lines)
