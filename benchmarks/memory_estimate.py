@@ -65,6 +65,7 @@ def points(results: Path):
     """(group, source file, its commit, point name, target, model config, StepShape, compiled
     bytes) for every compiled candidate the raw files record."""
     from linear_gpt2.experiments.step_time import model_config
+    from linear_gpt2.training.memory_plan import StepShape
 
     post = json.loads((results / "configs_h100x8_compiled.json").read_text())
     commit = post["meta"]["environment"]["git_commit"]
@@ -82,8 +83,17 @@ def points(results: Path):
             yield ("configs/long, context parallel", "context_parallel_h100x8_compiled.json",
                    r["environment"]["git_commit"], r["config"], r["target"],
                    m.replace(**parse_label(label)), shape, compiled)  # fmt: skip
+    switches = results / "model_switches_h100_compiled.json"
+    if switches.exists():  # the model switches (benchmarks/model_switches.py)
+        d = json.loads(switches.read_text())
+        s = d["meta"]["settings"]
+        for p in d["points"]:
+            m = model_config(s["size"], s["attention"], p["context"], chunk_size=s["chunk_size"],
+                             remat=p["remat"], loss_chunk=p["loss_chunk"], **p["switches"])  # fmt: skip
+            yield ("model switches, one GPU", switches.name, p["git_commit"],
+                   f"{s['attention']} {s['size']} {p['context']}, {p['variant']}", "h100", m,
+                   StepShape(1, p["context"]), p["memory_bytes"])  # fmt: skip
     front = json.loads((results / "memory_frontier_h100_compiled.json").read_text())
-    from linear_gpt2.training.memory_plan import StepShape
 
     for p in front["points"]:
         for label, compiled in p.get("tried") or []:

@@ -118,7 +118,7 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
 
     Returns ``(compiled, tx, resolved_cfg)``; ``compiled(state, inputs, targets, key) -> (state,
     metrics)`` with the state donated. ``model.remat`` / ``model.loss_chunk`` ``auto`` resolve as
-    in training (``memory_plan``: the cheapest setting that fits the device; on the CPU, which
+    in training (``memory_plan``: the fastest setting that fits the device; on the CPU, which
     reports no limit, the plain step). Nothing is allocated: shapes come from
     ``jax.eval_shape``. ``compiler_options`` go to XLA (e.g. :data:`FAST_COMPILE`).
     """

@@ -20,7 +20,7 @@ from linear_gpt2.platform.errors import check, check_choice
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block in the backward pass (model.remat): none; dots (keep the matmul
 # outputs, recompute the rest); full (keep only each block's input); offload (full, with each
-# block's input kept in host memory); auto (the cheapest that fits the device; memory_plan.py).
+# block's input kept in host memory); auto (the fastest that fits the device; memory_plan.py).
 REMAT = ("none", "dots", "full", "offload", "auto")
 GPT2_VOCAB = 50257  # ids 0..50256 (50256 = <|endoftext|>), what the data pipeline emits
 

@@ -404,7 +404,7 @@ class Plan:
 
     def describe(self) -> str:
         if self.budget is None:
-            return f"{label(self.config)} (no device memory limit known: the cheapest setting)"
+            return f"{label(self.config)} (no device memory limit known: the plain setting)"
         steps = "; ".join(f"{name}: {m.total / GiB:.2f} GiB" for name, m in self.tried)
         verdict = "fits" if self.fits else "does NOT fit"
         out = f"{label(self.config)} {verdict} in {self.budget / GiB:.1f} GiB (compiled: {steps})"

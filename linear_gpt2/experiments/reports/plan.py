@@ -165,3 +165,24 @@ def switches_page(raw: Raw) -> str:
                           f"{p['by_class'].get(k, {}).get('bytes', 0) / 1e9:,.1f}"
                           for k in classes) for p in pts) + ".", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+@renderer("model_switches.summary")
+def switches_summary(raw: Raw) -> str:
+    """One line per context: what each switch changes against today's program (docs)."""
+    out = []
+    for context in dict.fromkeys(p["context"] for p in raw.data["points"]):
+        pts = [p for p in raw.data["points"] if p["context"] == context]
+        base = pts[0]
+        parts = []
+        for p in pts[1:]:
+            parts.append(
+                f"{p['variant']}: {gib(p['memory_bytes'])} GiB (default {gib(base['memory_bytes'])}),"
+                f" {p['bytes'] / base['bytes'] - 1:+.1%} HBM bytes, {p['launches']:,} launches "
+                f"(default {base['launches']:,}), MODEL {p['modelled_ms'] / base['modelled_ms']:.3f}"
+                f"x the default's time, compiled in {p['compile_seconds']:,.0f} s (default "
+                f"{base['compile_seconds']:,.0f} s)"
+            )  # fmt: skip
+        out.append(f"- 124M `LT_chunked` at {context:,} tokens, compiled for the H100: "
+                   + "; ".join(parts) + ".")  # fmt: skip
+    return "\n".join(out) + "\n\n(`benchmarks/results/model_switches_h100_compiled.md`)"
