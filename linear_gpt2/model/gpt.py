@@ -288,12 +288,10 @@ class GPT(nn.Module):
         if cfg.doc_reset:
             first = None if cache is None else cache["reset_next"]
             resets = document_starts(tokens, segment_ids, first)
-        if (
-            cfg.scan_layers
-            or cache is not None
-            or self.is_initializing()
-            or (self.is_mutable_collection(diag.COLLECTION))
-        ):
+        # The scan always initialises (it creates the stacked parameters), decodes (its caches
+        # are stacked per layer) and runs the diagnostics pass (statistics stacked per layer).
+        unrolled = not cfg.scan_layers and cache is None and not self.is_initializing()
+        if not unrolled or self.is_mutable_collection(diag.COLLECTION):
             x, layer_caches = blocks(x, None if cache is None else cache["layers"], resets)
         else:
             x = self.unrolled_blocks(x, resets, policy)
