@@ -209,6 +209,7 @@ def main(argv=None) -> int:
             "shape": shape.__dict__, "compiled_bytes": compiled, "estimate_bytes": e.memory,
             "estimate_parts": e.parts, "modelled_ms": e.seconds * 1e3,
             "collective_bytes": e.collective_bytes, "error": e.memory / compiled - 1,
+            "margin": memory_plan.estimate_margin(m),
         })  # fmt: skip
         print(f"{group[:14]:<14} {point[:44]:<44} {memory_plan.label(m):<28} "
               f"est {e.memory / 2**30:7.2f} compiled {compiled / 2**30:7.2f} GiB "
@@ -233,6 +234,7 @@ def main(argv=None) -> int:
         "script": "benchmarks/memory_estimate.py",
         "environment": {**env, "device_kind": "NVIDIA H100 SXM (compiled for, deviceless)"},
         "settings": {"estimate_margin": memory_plan.ESTIMATE_MARGIN,
+                     "unrolled_estimate_margin": memory_plan.UNROLLED_ESTIMATE_MARGIN,
                      "budget_bytes": target.get("h100").budget_bytes,
                      "fresh": [list(f[:3]) + [f[3]] for f in FRESH]},
     }  # fmt: skip

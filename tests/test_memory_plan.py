@@ -54,6 +54,17 @@ def test_plan_compiles_only_what_can_fit_and_keeps_the_executable():
     assert seen == [(4096, "dots"), (4096, "full")] and p.config.remat == "full" and p.fits
 
 
+def test_unrolled_blocks_get_a_wider_margin():
+    """XLA compiles unrolled blocks below the residuals the estimate counts: a candidate 30%
+    over the budget on the estimate is compiled there, skipped for the scan."""
+    est = {**LADDER, (4096, "none"): (65, 1.01)}
+    compiled = {k: v[0] for k, v in est.items()} | {(4096, "none"): 49}
+    for scan, first in ((True, (4096, "dots")), (False, (4096, "none"))):
+        estimate, compile_candidate, seen = _planner(est, compiled)
+        p = mp.plan(CFG.replace(scan_layers=scan), compile_candidate, 50, estimate=estimate)
+        assert seen == [first] and p.fits
+
+
 def test_plan_picks_by_modelled_time_collectives_included():
     """Both fit, but the plain head's collectives make it slower: the chunked loss is compiled
     first and kept, the plain head never compiled (issue 37: 124M at 256k over 8 GPUs)."""
