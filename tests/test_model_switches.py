@@ -38,7 +38,7 @@ _value_and_grad = jax.jit(jax.value_and_grad(loss_fn), static_argnums=3)
 @pytest.mark.parametrize(
     "attention, remat, extra",
     [
-        ("softmax", "none", {}),
+        slow("softmax", "none", {}),
         ("LT_chunked", "full", {"chunk_size": 8, "doc_reset": True, "decay": "gate"}),
         slow("flash", "offload", {}),
         slow("LT_chunked", "dots", {"chunk_size": 8}),

@@ -224,7 +224,11 @@ def compile_train_step(
 
 
 def step_shape(
-    target: str | Target, batch: int, context: int, accum: int = 1, context_parallel: int = 1,
+    target: str | Target,
+    batch: int,
+    context: int,
+    accum: int = 1,
+    context_parallel: int = 1,
     fsdp: bool = False,
 ) -> memory_plan.StepShape:
     """The step as one of ``target``'s devices runs it (``memory_plan.estimate``'s input):
