@@ -148,4 +148,7 @@ def _write(path: Path, out: Path, cache: dict, params, model: dict, env: dict) -
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

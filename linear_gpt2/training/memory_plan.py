@@ -268,7 +268,7 @@ def collective_bytes(cfg: ModelConfig, shape: StepShape) -> dict[str, float]:
       gradients per update.
     - Context parallelism, the attention's exchange per layer and pass: the linear family's
       slice totals (the state S, z, and with a gate its total log-gate, float32); ``flash``'s
-      ring of K and V (``attention.flash_context.modelled_ring_bytes``); a recomputed forward
+      ring of K and V (``kernels.flash.ring.modelled_ring_bytes``); a recomputed forward
       (``dots``, ``full``, ``offload``) exchanges again.
     - Context parallelism with the plain head (``loss_chunk: 0``) and FSDP's vocabulary-split
       embedding: the compiled step moves activations between the vocabulary and the sequence
@@ -297,11 +297,11 @@ def collective_bytes(cfg: ModelConfig, shape: StepShape) -> dict[str, float]:
             state = (cp - 1) * 4 * B * H * (D * D + D + (1 if cfg.decay == "gate" else 0))
             per_layer = state * (3 if recompute else 2)
         else:
-            from linear_gpt2.attention.flash_context import modelled_ring_bytes
+            from linear_gpt2.kernels.flash.ring import modelled_ring_bytes
 
             itemsize = jnp.dtype(cfg.dtype).itemsize
             ring = modelled_ring_bytes(B, T, H, D, cp, itemsize,
-                                       dict(cfg.attention_extra).get("ring", "zigzag"))  # fmt: skip
+                                       cfg.attention_options.as_dict().get("ring", "zigzag"))  # fmt: skip
             per_layer = ring["forward"] * (2 if recompute else 1) + ring["backward"]
         out["attention over seq"] = cfg.n_layer * per_layer * shape.accum
         if cfg.loss_chunk == 0 and shape.fsdp:
