@@ -99,6 +99,24 @@ def test_switches_are_checked():
         ModelConfig(scan_layers="yes")
 
 
+def test_bad_switches_exit_2_in_one_line_naming_the_key(capsys):
+    from linear_gpt2.training.config import main
+
+    for key, value in (("model.residual_dtype", "float16"), ("model.scan_layers", "maybe")):
+        assert main([f"{key}={value}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert key in err and "\n" not in err, err
+
+
+def test_a_resume_may_switch_the_scan_but_not_the_stream():
+    # Declared beside the fields (ArchConfig's metadata): the unrolled blocks run on the scan's
+    # stacked parameters, so the checkpoint serves both; a bfloat16 stream rounds differently.
+    cfg = load_config()
+    assert cfg.resume_may_change("model.scan_layers")
+    assert not cfg.resume_may_change("model.residual_dtype")
+    assert not cfg.resume_may_change("model.dtype")  # its neighbour, for contrast
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny config on the sample corpus, tokenized once for the runs below."""

@@ -264,6 +264,10 @@ def test_measured_points_are_the_37_and_the_memory_check():
     points = step_costs.measured_points(RESULTS)
     fitted = [p for p in points if not p.held_out]
     assert len(fitted) == 37 and len(points) == 41
+    # The H100 model fits H100 times only: the H200's measured steps (step_time_h200_*) beside
+    # them in the folder are another card.
+    assert (RESULTS / "step_time_h200_measured.json").exists()
+    assert all(p.source.startswith(("step_time_h100_", "memory_check_h100")) for p in points)
     assert {p.key for p in points if p.held_out} >= {"LT_chunked:124M:1048576:offload:4096"}
     # Pallas kernels priced by the cost model, by the name they are launched with.
     one = next(p for p in fitted if p.key == "LT_chunked:124M:65536")
