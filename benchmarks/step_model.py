@@ -15,7 +15,9 @@ model predicts concrete changes would do to each target gap of issue 30 (``step_
 
 Writes ``train_step_h100_costs_compiled.json`` (the cache: per point the setting, the memory
 match and the cost rows; resumable, ``--restart`` recompiles) and
-``train_step_h100_model.{json,md}`` under ``--out`` (default benchmarks/results/).
+``train_step_h100_model.{json,md}`` under ``--out`` (default benchmarks/results/). Every fitted
+fraction of a peak is bounded by what the lent card measured (``card_ceilings_h100.json``:
+no kernel multiplies faster than its dense bf16 matmul), not by the datasheet.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from linear_gpt2.platform.provenance import environment  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 COSTS = "train_step_h100_costs_compiled.json"
 STEM = "train_step_h100_model"
+CEILINGS = "card_ceilings_h100.json"
 FOCUS = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:1048576:offload:4096")
 
 
@@ -63,14 +66,27 @@ def compile_missing(points, costs: dict, path: Path, meta: dict) -> None:
         path.write_text(json.dumps(costs, indent=1) + "\n")  # after every point: resumable
 
 
-def model(points, costs: dict, loo: bool = True) -> dict:
-    """Fit on the points not held out; every point's error; breakdowns; the targets."""
+def load_ceilings(results: Path) -> tuple[dict, str | None]:
+    """The lent card's measured ceilings (``card_ceilings_h100.json``, written by
+    ``benchmarks/card_ceilings.py``) and the file's name; empty where there is none."""
+    path = results / CEILINGS
+    if not path.exists():
+        return {}, None
+    return {k: v for k, v in json.loads(path.read_text())["ceilings"].items() if v}, path.name
+
+
+def model(points, costs: dict, loo: bool = True, ceilings: dict | None = None) -> dict:
+    """Fit on the points not held out, each fraction bounded by the card's measured
+    ``ceilings`` (``step_model.bounds``); every point's error; breakdowns; the targets."""
     have = [p for p in points if p.key in costs["points"]]
     rows = {p.key: costs["points"][p.key]["rows"] for p in have}
     fit_on = [(rows[p.key], p.measured_ms / 1e3) for p in have if not p.held_out]
-    params = sm.fit(fit_on)
-    loo_errors = sm.leave_one_out(fit_on, params) if loo else [None] * len(fit_on)
-    fixed_mm = sm.fit(fit_on, sm.Params(matmul=0.7), free=[k for k in sm.FITTED if k != "matmul"])
+    limits = sm.bounds(ceilings)
+    params = sm.fit(fit_on, limits=limits)
+    loo_errors = sm.leave_one_out(fit_on, params, limits) if loo else [None] * len(fit_on)
+    fixed_mm = sm.fit(fit_on, sm.Params(matmul=0.7), free=[k for k in sm.FITTED if k != "matmul"],
+                      limits=limits)  # fmt: skip
+    unbounded = sm.fit(fit_on)
     out_points, i = [], 0
     for p in have:
         c = costs["points"][p.key]
@@ -105,6 +121,10 @@ def model(points, costs: dict, loo: bool = True) -> dict:
     return {
         "params": {k: getattr(params, k) for k in (*sm.FITTED, "host_bytes_per_s")},
         "fitted": list(sm.FITTED),
+        "bounds": {k: list(v) for k, v in limits.items()},
+        "bound_from": dict(sm.CEILING_OF),
+        "ceilings": ceilings or {},
+        "at_bound": [k for k in sm.FITTED if abs(getattr(params, k) - limits[k][1]) < 1e-6],
         "fit": {
             **sm.summary([r["error"] for r in fitted]),
             "loo": sm.summary([r["loo_error"] for r in fitted]) if loo else None,
@@ -112,6 +132,10 @@ def model(points, costs: dict, loo: bool = True) -> dict:
             "matmul_fixed_0.7": {
                 "params": {k: getattr(fixed_mm, k) for k in sm.FITTED},
                 **sm.summary(sm.errors(fit_on, fixed_mm)),
+            },
+            "unbounded": {  # within the datasheet peaks only, as fitted before the ceilings
+                "params": {k: getattr(unbounded, k) for k in sm.FITTED},
+                **sm.summary(sm.errors(fit_on, unbounded)),
             },
         },
         "points": out_points,
@@ -174,7 +198,8 @@ def _main(argv) -> int:
         )
     if args.tiny:
         points = synthesize(points, costs)
-    result = model(points, costs, loo=not args.no_loo)
+    ceilings, ceilings_file = ({}, None) if args.tiny else load_ceilings(args.results)
+    result = model(points, costs, loo=not args.no_loo, ceilings=ceilings)
     args.out.mkdir(parents=True, exist_ok=True)
     result["meta"] = {
         "how": "modelled",
@@ -183,6 +208,7 @@ def _main(argv) -> int:
         "settings": {
             "peak_tflops": sm.PEAK_FLOPS / 1e12, "peak_tb_per_s": sm.PEAK_BYTES / 1e12,
             "host_gb_per_s": sm.HOST_BYTES_PER_S / 1e9, "tiny": args.tiny,
+            "ceilings_file": ceilings_file,
             "measured": meta["settings"]["measured"],
         },
     }  # fmt: skip

@@ -375,9 +375,10 @@ def test_unknown_names_suggest_what_was_meant_and_how_to_name_ones_own(lab, tmp_
          "(my_lab.attn, defining SPEC), or as tempered_top:SPEC for a top-level module"),
         ("no_such_thing", "or the module path of a variant of your own, with its package"),
         # The form the message names gets past the name, to the next setting's check.
-        ("tempered_top:SPEC", "error: train.context_parallel"),
+        ("tempered_top:SPEC", "error: data.context: context 4096 is longer than model.block_size"),
     ]  # fmt: skip
-    calls = [[config, f"attention.name={name}", "train.context_parallel=0"] for name, _ in cases]
+    # data.context is checked across sections, after the attention section is read.
+    calls = [[config, f"attention.name={name}", "data.context=4096"] for name, _ in cases]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{ROOT}{os.pathsep}{lab}"}
     results = entry_point_calls(ROOT / "scripts" / "train.py", calls, env=env, cwd=tmp_path)
     for (name, says), (code, err) in zip(cases, results, strict=True):

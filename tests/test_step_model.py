@@ -207,6 +207,40 @@ def test_the_fit_recovers_the_constants_that_made_the_times():
     assert abs(sm.errors(points[:1], held)[0]) < 1e-6
 
 
+def test_the_fit_stays_within_the_cards_ceilings():
+    """Times made at the datasheet's matmul peak fit a matmul fraction of 1 unbounded; bounded
+    by a card that reached 80% of it, the fraction stops at 0.8, as does every FLOP fraction,
+    and the bandwidth fractions follow a measured bandwidth."""
+    ceilings = {"matmul_flops_per_s": 0.8 * sm.PEAK_FLOPS, "hbm_bytes_per_s": 0.9 * sm.PEAK_BYTES}
+    limits = sm.bounds(ceilings)
+    assert limits["matmul"][1] == limits["fmha"][1] == limits["kernel"][1] == pytest.approx(0.8)
+    assert limits["memory"][1] == limits["reduction"][1] == pytest.approx(0.9)
+    assert sm.bounds()["matmul"][1] == 1.0 and sm.bounds({"hbm_bytes_per_s": None}) == sm.bounds()
+    truth = sm.Params(matmul=1.0, fmha=0.45, kernel=0.2, memory=0.85, reduction=0.4, launch_us=0)
+    points = [([dict(r, count=r["count"] * (1 + i)) for r in ROWS[:1]], 0.0) for i in range(3)]
+    points = [(rows, sm.predict(rows, truth)) for rows, _ in points]
+    free = ["matmul"]
+    assert sm.fit(points, truth, free).matmul == pytest.approx(1.0, rel=1e-6)
+    assert sm.fit(points, truth, free, limits).matmul == pytest.approx(0.8, rel=1e-6)
+    loo = sm.leave_one_out(points, sm.fit(points, truth, free, limits), limits)
+    assert all(e == pytest.approx(1.0 / 0.8 - 1, rel=1e-4) for e in loo)
+
+
+def test_card_ceilings_measure_on_any_backend(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("card_ceilings",
+                                                  ROOT / "benchmarks" / "card_ceilings.py")  # fmt: skip
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.device_stem("NVIDIA H100 80GB HBM3") == "h100"
+    assert mod.device_stem("NVIDIA H200") == "h200" and mod.device_stem("cpu") == "cpu"
+    assert mod.main(["--tiny", "--out", str(tmp_path)]) == 0
+    got = json.loads((tmp_path / "card_ceilings_cpu.json").read_text())
+    assert got["meta"]["how"] == "measured" and got["meta"]["settings"]["tiny"]
+    assert got["ceilings"]["matmul_flops_per_s"] > 0 and got["ceilings"]["hbm_bytes_per_s"] > 0
+
+
 def test_changes_edit_rows_and_parameters():
     p = sm.Params()
     rows = [dict(r) for r in ROWS]
@@ -230,6 +264,10 @@ def test_measured_points_are_the_37_and_the_memory_check():
     points = step_costs.measured_points(RESULTS)
     fitted = [p for p in points if not p.held_out]
     assert len(fitted) == 37 and len(points) == 41
+    # The H100 model fits H100 times only: the H200's measured steps (step_time_h200_*) beside
+    # them in the folder are another card.
+    assert (RESULTS / "step_time_h200_measured.json").exists()
+    assert all(p.source.startswith(("step_time_h100_", "memory_check_h100")) for p in points)
     assert {p.key for p in points if p.held_out} >= {"LT_chunked:124M:1048576:offload:4096"}
     # Pallas kernels priced by the cost model, by the name they are launched with.
     one = next(p for p in fitted if p.key == "LT_chunked:124M:65536")
@@ -254,6 +292,11 @@ def test_the_committed_model_meets_the_error_goal_and_reruns_from_its_cache(tmp_
         [r["modelled_ms"] for r in old["points"]], rel=1e-6)  # fmt: skip
     page = (tmp_path / "train_step_h100_model.md").read_text()
     assert "MODEL" in page and "LT_chunked 124M at 64k" in page
+    # Every fraction within the lent card's ceilings, not the datasheet's peaks.
+    card = json.loads((RESULTS / "card_ceilings_h100.json").read_text())["ceilings"]
+    assert new["params"]["matmul"] <= card["matmul_flops_per_s"] / sm.PEAK_FLOPS + 1e-9
+    assert max(new["params"][k] for k in ("fmha", "kernel")) <= new["params"]["matmul"]
+    assert "bound from" in page and new["fit"]["loo"]["n"] == 37
     assert {t["target"] for t in new["targets"]} >= {"1M tokens <= 4.4 s"}
 
 

@@ -3,7 +3,9 @@
 What ``scripts/compile.py``, the memory frontier and the compile tests ask for: the trainer's own
 step (``training.train_step.jit_train_step``) or one attention's forward / backward, compiled by
 :func:`linear_gpt2.platform.target.compile_program` for a target's devices, with ``model.remat``
-/ ``model.loss_chunk`` ``auto`` resolved by ``training.memory_plan`` against the target's budget.
+/ ``model.loss_chunk`` ``auto`` resolved by ``training.memory_plan`` against the target's budget:
+each candidate estimated first (traced for the target's GPUs, ``target.traced_for``), only those
+that can fit compiled, fastest first, and the chosen one's executable kept.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from linear_gpt2.platform.target import (
     devices,
     get,
     replicated,
+    traced_for,
 )
 from linear_gpt2.training import memory_plan
 from linear_gpt2.training.batches import plan_batches
@@ -119,6 +122,9 @@ class StepReport:
     # Per kind and mesh axis, what the step's collectives send per device (``collectives``);
     # empty on a one-device target.
     collectives: list[dict] = dataclasses.field(default_factory=list)
+    # The chosen setting's compiled step (the plan's executable, not compiled again): its
+    # ``as_text()`` is the optimized program.
+    executable: Any = None
 
     @property
     def fits(self) -> bool:
@@ -187,14 +193,19 @@ def compile_train_step(
         reports[c] = report
         if t.n_devices > 1:
             hlo[c] = compiled.as_text()
-        return report.memory, None
+        return report.memory, compiled
 
-    chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung)
+    shape = step_shape(t, batch, context or cfg.block_size, accum, context_parallel, fsdp)
+
+    def estimate(c):
+        with traced_for(t):
+            return memory_plan.estimate(c, shape)
+
+    chosen = memory_plan.plan(cfg, compile_candidate, budget, start=start_rung, estimate=estimate)
     if chosen.config not in reports:  # fully explicit settings: plan() compiled nothing
-        compile_candidate(chosen.config)
-        mem = reports[chosen.config].memory
+        mem, exe = compile_candidate(chosen.config)
         chosen = dataclasses.replace(
-            chosen, fits=mem.total <= budget, budget=budget, memory=mem,
+            chosen, fits=mem.total <= budget, budget=budget, memory=mem, executable=exe,
             tried=[(memory_plan.label(chosen.config), mem)],
         )  # fmt: skip
     return StepReport(
@@ -208,7 +219,25 @@ def compile_train_step(
         collectives.summary(collectives.collectives(hlo[chosen.config], t.n_devices))
         if chosen.config in hlo
         else [],
+        chosen.executable,
     )
+
+
+def step_shape(
+    target: str | Target,
+    batch: int,
+    context: int,
+    accum: int = 1,
+    context_parallel: int = 1,
+    fsdp: bool = False,
+) -> memory_plan.StepShape:
+    """The step as one of ``target``'s devices runs it (``memory_plan.estimate``'s input):
+    ``batch`` global sequences per micro-step of ``context`` tokens."""
+    t = get(target)
+    return memory_plan.StepShape.of(
+        batch, context, accum=accum, devices=t.n_devices, context_parallel=context_parallel,
+        fsdp=fsdp, devices_per_host=int(t.topology.split("x")[2]),
+    )  # fmt: skip
 
 
 def with_context(cfg: Any, context: int) -> Any:

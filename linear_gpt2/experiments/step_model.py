@@ -146,16 +146,36 @@ def log_errors(points: Sequence[tuple[list[dict], float]], p: Params) -> list[fl
 
 _BOUNDS = {"matmul": (0.05, 1.0), "fmha": (0.05, 1.0), "kernel": (0.02, 1.0),
            "memory": (0.1, 1.0), "reduction": (0.05, 1.0), "launch_us": (0.0, 20.0)}  # fmt: skip
+# Which of the card's measured ceilings bounds each fitted fraction (``bounds``): no kernel
+# multiplies faster than the card's dense bf16 matmul (cuDNN's attention and the Pallas kernels
+# are matmuls too), and none moves bytes faster than the card's measured HBM bandwidth.
+CEILING_OF = {"matmul": "matmul_flops_per_s", "fmha": "matmul_flops_per_s",
+              "kernel": "matmul_flops_per_s", "memory": "hbm_bytes_per_s",
+              "reduction": "hbm_bytes_per_s"}  # fmt: skip
+
+
+def bounds(ceilings: dict[str, float] | None = None) -> dict[str, tuple[float, float]]:
+    """Each fitted constant's range: a fraction of a datasheet peak is at most the card's
+    measured ceiling over that peak (``ceilings``: ``matmul_flops_per_s``,
+    ``hbm_bytes_per_s``; where one is not given, the peak itself)."""
+    peak = {"matmul_flops_per_s": PEAK_FLOPS, "hbm_bytes_per_s": PEAK_BYTES}
+    out = dict(_BOUNDS)
+    for k, c in CEILING_OF.items():
+        if ceilings and ceilings.get(c):
+            out[k] = (_BOUNDS[k][0], min(_BOUNDS[k][1], ceilings[c] / peak[c]))
+    return out
 
 
 def fit(
     points: Sequence[tuple[list[dict], float]],
     start: Params | None = None,
     free: Sequence[str] | None = None,
+    limits: dict[str, tuple[float, float]] | None = None,
 ) -> Params:
     """The parameters ``free`` (the others as in ``start``) minimising the sum of squared log
-    errors over ``points`` (each: cost rows, measured seconds), within physical bounds (a
-    fraction of a peak is at most 1)."""
+    errors over ``points`` (each: cost rows, measured seconds), within ``limits`` (default
+    :func:`bounds` without ceilings: a fraction of a peak is at most 1)."""
+    limits = limits or bounds()
     from scipy.optimize import least_squares  # the fit only: rendering needs no SciPy
 
     start = start or Params()
@@ -166,7 +186,7 @@ def fit(
     def params(v) -> Params:
         return dataclasses.replace(start, **dict(zip(free, (float(x) for x in v))))
 
-    lo, hi = zip(*(_BOUNDS[k] for k in free))
+    lo, hi = zip(*(limits[k] for k in free))
     x0 = [min(max(getattr(start, k), a), b) for k, a, b in zip(free, lo, hi)]
     best = least_squares(
         lambda v: log_errors(points, params(v)),
@@ -190,12 +210,17 @@ def summary(errs: Sequence[float]) -> dict[str, float]:
     return {"median_abs": statistics.median(a), "max_abs": max(a), "n": len(a)}
 
 
-def leave_one_out(points: Sequence[tuple[list[dict], float]], p: Params) -> list[float]:
-    """Each point's error with the parameters fitted to the other points (out of sample)."""
+def leave_one_out(
+    points: Sequence[tuple[list[dict], float]],
+    p: Params,
+    limits: dict[str, tuple[float, float]] | None = None,
+) -> list[float]:
+    """Each point's error with the parameters fitted (within ``limits``) to the other points
+    (out of sample)."""
     out = []
     for i in range(len(points)):
         rest = [pt for j, pt in enumerate(points) if j != i]
-        q = fit(rest, p)
+        q = fit(rest, p, limits=limits)
         out.append(errors([points[i]], q)[0])
     return out
 

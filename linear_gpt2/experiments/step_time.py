@@ -129,7 +129,7 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
 
     Returns ``(compiled, tx, resolved_cfg)``; ``compiled(state, inputs, targets, key) -> (state,
     metrics)`` with the state donated. ``model.remat`` / ``model.loss_chunk`` ``auto`` resolve as
-    in training (``memory_plan``: the cheapest setting that fits the device; on the CPU, which
+    in training (``memory_plan``: the fastest setting that fits the device; on the CPU, which
     reports no limit, the plain step). Nothing is allocated: shapes come from
     ``jax.eval_shape``. ``compiler_options`` go to XLA (e.g. :data:`FAST_COMPILE`).
     """
@@ -149,7 +149,10 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
             return compiled_memory(compiled), compiled
 
         budget = None if memory_plan.is_resolved(cfg) else memory_plan.device_budget()
-        plan = memory_plan.plan(cfg, compile_candidate, budget)
+        shape = memory_plan.StepShape(batch, cfg.block_size)
+        plan = memory_plan.plan(
+            cfg, compile_candidate, budget, estimate=lambda c: memory_plan.estimate(c, shape)
+        )
         compiled = plan.executable
         if compiled is None:
             compiled = compile_candidate(plan.config)[1]

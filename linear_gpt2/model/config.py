@@ -23,7 +23,7 @@ from linear_gpt2.platform.errors import check, check_choice
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block in the backward pass (model.remat): none; dots (keep the matmul
 # outputs, recompute the rest); full (keep only each block's input); offload (full, with each
-# block's input kept in host memory); auto (the cheapest that fits the device; memory_plan.py).
+# block's input kept in host memory); auto (the fastest that fits the device; memory_plan.py).
 REMAT = ("none", "dots", "full", "offload", "auto")
 GPT2_VOCAB = 50257  # ids 0..50256 (50256 = <|endoftext|>), what the data pipeline emits
 # Field metadata of a config value that a resumed run may change: it selects how the step is
@@ -47,6 +47,16 @@ class ArchConfig:
     bias: bool = True
     # Activation/matmul dtype; parameters, LayerNorm statistics, softmax and loss stay float32.
     dtype: str = "float32"
+    # The residual stream's dtype (the blocks' carry, each residual add, the block input that
+    # remat keeps or offloads): float32 as torch autocast keeps it (nanoGPT's numerics), or
+    # bfloat16 (half its bytes; LayerNorm statistics and the loss stay float32).
+    residual_dtype: str = "float32"
+    # The blocks as one nn.scan (true: compile time flat in depth) or unrolled (false: no
+    # stacking of per-layer activations and gradients, compile time grows with depth). The
+    # parameters are stacked under h either way, so checkpoints and weights serve both and a
+    # resumed run may switch it. residual_dtype changes the function trained (its rounding), so
+    # a resume keeps it.
+    scan_layers: bool = field(default=True, metadata=RESUME_MAY_CHANGE)
     # Rematerialisation policy per block (REMAT above). true/false are accepted for full/none.
     remat: bool | str = field(default="auto", metadata=RESUME_MAY_CHANGE)
     # Tokens per chunk of the fused head + cross-entropy (loss.py), which never holds the whole
@@ -84,6 +94,13 @@ class ArchConfig:
         )
         check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         check_choice(self.dtype, "model.dtype", DTYPES)
+        check_choice(self.residual_dtype, "model.residual_dtype", DTYPES)
+        check(
+            isinstance(self.scan_layers, bool),
+            "model.scan_layers",
+            f"must be true (one nn.scan over the blocks) or false (unrolled), got "
+            f"{self.scan_layers!r}",
+        )
         if isinstance(self.remat, bool):  # the earlier boolean form
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         check_choice(self.remat, "model.remat", REMAT)

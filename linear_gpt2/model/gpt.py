@@ -10,7 +10,9 @@ Two deliberate layout choices (see docs/design.md):
 
 - The ``n_layer`` blocks are one ``nn.scan``: parameters under ``h`` are stacked with a leading
   ``[n_layer]`` axis, so compile time does not grow with depth (48 layers for 1.6B) and per-block
-  rematerialisation is one flag. ``interop`` unstacks them into nanoGPT's ``h.{i}.`` keys.
+  rematerialisation is one flag. ``interop`` unstacks them into nanoGPT's ``h.{i}.`` keys. With
+  ``scan_layers: false`` the training forward runs the blocks unrolled on the same stacked
+  parameters (:meth:`GPT.unrolled_blocks`), so checkpoints and weights serve both settings.
 - Dense kernels are ``[in, out]`` (Flax's, and Hugging Face's Conv1D layout).
 
 Memory options for long contexts (``memory_plan.py`` picks them with ``auto``): a rematerialisation
@@ -18,7 +20,8 @@ policy per block (:func:`remat_policy`) and a loss fused with the head by chunks
 (``loss_chunk``, :mod:`linear_gpt2.model.loss`). Neither changes the function or its gradients.
 
 Mixed precision follows torch autocast: parameters, the residual stream, LayerNorm, softmax and the
-loss are float32; the matmuls run in ``config.dtype``.
+loss are float32; the matmuls run in ``config.dtype``. ``residual_dtype: bfloat16`` carries the
+residual stream (and the block inputs remat keeps) in bfloat16 instead.
 
 Options beyond GPT-2, all off by default (the synthetic-task models of Zoology and ReBased):
 attention-only blocks (``mlp=False``, and with ``identity_state_mixer`` the ``x + ln_2(x)`` that
@@ -162,12 +165,18 @@ class Block(nn.Module):
         h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(
             layer_norm(cfg, "ln_1")(x), cache, resets
         )
-        x = x + h
+        x = x + _as(h, x)
         if cfg.mlp:
-            x = x + MLP(cfg, self.deterministic, name="mlp")(layer_norm(cfg, "ln_2")(x))
+            x = x + _as(MLP(cfg, self.deterministic, name="mlp")(layer_norm(cfg, "ln_2")(x)), x)
         elif cfg.identity_state_mixer:
-            x = x + layer_norm(cfg, "ln_2")(x)
+            x = x + _as(layer_norm(cfg, "ln_2")(x), x)
         return x, cache
+
+
+def _as(h: jax.Array, x: jax.Array) -> jax.Array:
+    """``h`` in the residual stream's dtype (``model.residual_dtype``). A float32 stream takes a
+    bfloat16 branch as type promotion did (the same program); a bfloat16 stream stays bfloat16."""
+    return h if h.dtype == x.dtype else h.astype(x.dtype)
 
 
 BLOCK_INPUT = "block_input"
@@ -259,6 +268,8 @@ class GPT(nn.Module):
         )
         start = 0 if cache is None else cache["pos"]
         x = wte(tokens) + wpe(start + jnp.arange(T))[None]
+        if cfg.residual_dtype != "float32":
+            x = x.astype(cfg.residual_dtype)
         x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
         block = Block
@@ -277,7 +288,13 @@ class GPT(nn.Module):
         if cfg.doc_reset:
             first = None if cache is None else cache["reset_next"]
             resets = document_starts(tokens, segment_ids, first)
-        x, layer_caches = blocks(x, None if cache is None else cache["layers"], resets)
+        # The scan always initialises (it creates the stacked parameters), decodes (its caches
+        # are stacked per layer) and runs the diagnostics pass (statistics stacked per layer).
+        unrolled = not cfg.scan_layers and cache is None and not self.is_initializing()
+        if not unrolled or self.is_mutable_collection(diag.COLLECTION):
+            x, layer_caches = blocks(x, None if cache is None else cache["layers"], resets)
+        else:
+            x = self.unrolled_blocks(x, resets, policy)
 
         x = layer_norm(cfg, "ln_f")(x)
         if targets is not None and cfg.loss_positions > 0:
@@ -313,6 +330,31 @@ class GPT(nn.Module):
         if "reset_next" in cache:
             new["reset_next"] = tokens[:, -1] == EOT
         return logits, new
+
+    def unrolled_blocks(self, x: jax.Array, resets: jax.Array | None, policy) -> jax.Array:
+        """``model.scan_layers: false``: the blocks one after another on the stacked parameters
+        of ``h`` (what the scan initialised), each layer's taken by ``lax.split`` (whose
+        gradient is one concatenation, not a sum of padded copies). The function is the scan's;
+        with dropout, layer i's masks come from the step's dropout key folded with i (the same
+        distribution as the scan's split keys, not the same draws)."""
+        cfg = self.config
+        leaves, tree = jax.tree.flatten(self.variables["params"]["h"])
+        split = [jax.lax.split(a, (1,) * cfg.n_layer) for a in leaves]
+        key = None
+        if cfg.dropout > 0 and not self.deterministic:
+            key = self.make_rng("dropout")
+        block = Block(cfg, self.deterministic, parent=None)
+
+        def run(params, x, resets, key):
+            rngs = {} if key is None else {"dropout": key}
+            return block.apply({"params": params}, x, None, resets, rngs=rngs)[0]
+
+        if policy is not None:
+            run = jax.checkpoint(run, policy=policy)
+        for i in range(cfg.n_layer):
+            params = tree.unflatten([parts[i][0] for parts in split])
+            x = run(params, x, resets, None if key is None else jax.random.fold_in(key, i))
+        return x
 
 
 def labelled_positions(x: jax.Array, targets: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:

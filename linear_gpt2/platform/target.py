@@ -261,6 +261,17 @@ def _cudnn_checks_for(t: Target) -> Iterator[None]:
         fa.check_compute_capability, fa.is_cuda_compute_capability_equal = saved
 
 
+@contextlib.contextmanager
+def traced_for(target: str | Target = DEFAULT) -> Iterator[None]:
+    """Trace (not compile) as for one of ``target``'s devices: the kernels chosen, and cuDNN's
+    support checks answered, as :func:`compile_program` makes them (what
+    ``training.memory_plan.estimate`` traces for a target)."""
+    t = get(target)
+    m = jax.sharding.Mesh(np.array(devices(t.name)[:1]), ("data",))
+    with jax.sharding.use_abstract_mesh(m.abstract_mesh), _cudnn_checks_for(t):
+        yield
+
+
 def compile_program(
     jitted: Any,
     args: tuple[Any, ...],

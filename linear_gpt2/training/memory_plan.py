@@ -1,7 +1,7 @@
-"""``model.remat: auto`` and ``model.loss_chunk: auto``: the cheapest setting whose step fits.
+"""``model.remat: auto`` and ``model.loss_chunk: auto``: the fastest setting whose step fits.
 
 The memory options change neither the function nor its gradients, only what is kept for the
-backward pass, so choosing among them is a question of cost. The candidates, cheapest first:
+backward pass, so choosing among them is a question of cost. The candidates, most memory first:
 
 ====  ===========  ========  ==============================================================
  #    loss_chunk   remat     cost beyond the plain step
@@ -14,25 +14,37 @@ backward pass, so choosing among them is a question of cost. The candidates, che
  5    4096         offload   as full, plus each block's input to host memory and back
 ====  ===========  ========  ==============================================================
 
-Values set explicitly in the config are kept; only ``auto`` fields vary. :func:`plan` compiles
-the candidates in order for the devices the step will run on (the trainer's own GPUs, or a
-compile target such as the H100, ``target.py``) and takes the first whose compiled memory fits
-the budget; the winning executable is returned, so nothing is compiled twice. Where the devices
-report no memory limit (the CPU) the first candidate is taken without compiling: the default
-CPU run compiles exactly the program it compiled before these options existed.
+Values set explicitly in the config are kept; only ``auto`` fields vary. :func:`plan` first
+*estimates* every candidate from the configuration alone (:func:`estimate`: nothing compiled):
+its memory per device (parameters, AdamW state and gradients, each sharded as FSDP shards
+them; the activations autodiff keeps for the backward, by remat policy, read from JAX's own
+list of saved residuals traced at one device's shapes; the largest working set of the backward,
+the logits by ``loss_chunk``'s head) and a modelled step time (FLOPs, HBM bytes, host transfers
+and the collectives of FSDP and context parallelism, each at an assumed rate). It then
+compiles, fastest first, only the candidates whose estimate fits the budget with a margin
+(:data:`ESTIMATE_MARGIN`), and takes the first whose *compiled* memory fits: the compiler, not
+the estimate, decides what fits, and the winning executable is returned, so nothing is compiled
+twice. Where the devices report no memory limit (the CPU) the first candidate is taken without
+estimating or compiling: the default CPU run compiles exactly the program it compiled before
+these options existed.
 
-Measured (compiled for the H100 here; 124M, batch 1, ``LT_chunked``, 64k tokens): 70.8 GiB
-(1), 50.9 (2), 18.0 (3), 7.95 (4), 5.71 GiB (5).
+How close the estimate comes to the compiled memory on the shipped configs:
+``benchmarks/results/memory_estimate_h100_compiled.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from linear_gpt2.kernels.lt_chunked.cost import PEAK_BYTES, PEAK_FLOPS
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.platform.memory import GiB, MemoryReport
 
@@ -47,6 +59,34 @@ LADDER: tuple[tuple[int, str], ...] = (
 # Share of a device's allocator limit a planned step may use (the rest: fragmentation, cuDNN
 # workspaces, tiles autotuned on the device).
 DEVICE_BUDGET_FRACTION = 0.92
+# A candidate is compiled when its estimate is at most the budget times (1 + this): the margin
+# covers the estimate's error above the compiled memory (the results page above), so that a
+# setting that fits is not skipped on the estimate's word.
+ESTIMATE_MARGIN = 0.25
+# With the blocks unrolled (model.scan_layers: false) XLA recomputes, inside the backward's
+# fusions, LayerNorm and GELU intermediates that a scan must keep as stacked residuals, so the
+# estimate (autodiff's residuals) is higher than the compiled memory there (the same page).
+UNROLLED_ESTIMATE_MARGIN = 0.4
+
+
+def estimate_margin(cfg: ModelConfig) -> float:
+    """The margin a candidate's estimate is allowed over the budget before it is skipped."""
+    return ESTIMATE_MARGIN if cfg.scan_layers else UNROLLED_ESTIMATE_MARGIN
+
+
+# The share of a fully rematerialised block's residuals its backward holds at once (chosen
+# from the one-GPU compiles of benchmarks/results/memory_estimate_h100_compiled.md: the estimate
+# is checked there against every compiled point, this included).
+RECOMPUTED_SHARE = 0.5
+
+# Rates the modelled time prices at (ASSUMED, for ranking the candidates of one step against
+# each other; the fractions are of the order the compiled-program step model fits,
+# benchmarks/results/train_step_h100_model.md).
+MATMUL_FLOPS_PER_S = 0.7 * PEAK_FLOPS
+HBM_BYTES_PER_S = 0.8 * PEAK_BYTES
+HOST_BYTES_PER_S = 50e9  # PCIe 5 x16 to pinned host memory, each way
+LINK_BYTES_PER_S = 450e9  # NVLink 4, per GPU and direction, within a host
+NETWORK_BYTES_PER_S = 50e9  # one 400 Gb/s NIC per GPU, between hosts
 
 
 def label(cfg: ModelConfig) -> str:
@@ -54,7 +94,8 @@ def label(cfg: ModelConfig) -> str:
 
 
 def candidates(cfg: ModelConfig) -> list[ModelConfig]:
-    """Resolutions of ``cfg``'s ``auto`` memory fields, cheapest first (explicit values kept)."""
+    """Resolutions of ``cfg``'s ``auto`` memory fields, most memory first (explicit values
+    kept)."""
     out: list[ModelConfig] = []
     for chunk, remat in LADDER:
         c = cfg.replace(
@@ -76,6 +117,289 @@ def is_resolved(cfg: ModelConfig) -> bool:
     return cfg.loss_chunk != "auto" and cfg.remat != "auto"
 
 
+# --------------------------------------------------------------------------------------------
+# The estimate
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """The training step as one device runs it."""
+
+    batch: int  # sequences per device per micro-step
+    context: int  # the whole sequence's positions (data.context)
+    accum: int = 1  # micro-steps per update
+    devices: int = 1  # devices of the mesh
+    context_parallel: int = 1  # devices each sequence is split over (its slices)
+    fsdp: bool = False
+    devices_per_host: int = 8
+
+    @property
+    def positions(self) -> int:
+        """Positions of each sequence on one device."""
+        return self.context // self.context_parallel
+
+    @classmethod
+    def of(
+        cls,
+        global_batch: int,
+        context: int,
+        *,
+        accum: int = 1,
+        devices: int = 1,
+        context_parallel: int = 1,
+        fsdp: bool = False,
+        devices_per_host: int = 8,
+    ) -> StepShape:
+        """From the trainer's layout: ``global_batch`` sequences per micro-step over the
+        ``devices // context_parallel`` data-parallel groups."""
+        data = max(1, devices // context_parallel)
+        return cls(max(1, global_batch // data), context, accum, devices, context_parallel,
+                   fsdp, min(devices_per_host, devices))  # fmt: skip
+
+
+@dataclasses.dataclass
+class Estimate:
+    """One candidate, estimated from its configuration (nothing compiled)."""
+
+    memory: int  # bytes per device
+    parts: dict[str, int]  # the memory by part (host bytes apart: not device memory)
+    seconds: float  # MODELLED step time (assumed rates above), for ranking only
+    times: dict[str, float]  # its terms: compute, memory, host, collectives
+    collective_bytes: dict[str, float]  # what one device sends per step, by collective
+
+
+def _saved_residuals(f, *args):
+    # JAX's own list of the residuals autodiff saves (jax.ad_checkpoint.print_saved_residuals
+    # prints it): the function that list comes from, in JAX's private namespace (jax 0.11.2).
+    from jax._src.ad_checkpoint import saved_residuals
+
+    return saved_residuals(f, *args)
+
+
+def _is_host(aval) -> bool:
+    return "host" in str(getattr(aval, "memory_space", "")).lower()
+
+
+def _param_shapes(cfg: ModelConfig) -> Any:
+    """The parameters' shapes (``model.param_shapes``), the same for every memory setting."""
+    from linear_gpt2.model import init_config
+
+    return _shapes(init_config(cfg).replace(scan_layers=True, residual_dtype="float32"))
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes(cfg: ModelConfig) -> Any:
+    from linear_gpt2.model import param_shapes
+
+    return param_shapes(cfg)
+
+
+@functools.lru_cache(maxsize=64)
+def _saved_bytes(
+    cfg: ModelConfig, n_layer: int, batch: int, positions: int, platform: str
+) -> tuple[int, int]:
+    """(device, host) bytes of what the loss's forward keeps for its backward at ``n_layer``
+    layers, ``batch`` sequences of ``positions`` tokens: traced, not compiled. ``platform``
+    keys the cache: the kernels traced depend on it."""
+    from linear_gpt2.model import loss_fn
+
+    c = cfg.replace(n_layer=n_layer, block_size=max(cfg.block_size, positions))
+    tokens = jax.ShapeDtypeStruct((batch, positions), jnp.int32)
+    extra = (tokens,) if c.doc_reset else ()
+
+    def loss(params, x, y, *seg):
+        return loss_fn(params, x, y, c, train=True, rng=jax.random.key(0),
+                       segment_ids=seg[0] if seg else None)  # fmt: skip
+
+    device = host = 0
+    for aval, why in _saved_residuals(loss, _param_shapes(c), tokens, tokens, *extra):
+        if "from the argument" in why:  # parameters and tokens: counted as state and inputs
+            continue
+        n = math.prod(aval.shape) * aval.dtype.itemsize
+        if _is_host(aval):
+            host += n
+        else:
+            device += n
+    return device, host
+
+
+def _layer_and_rest(cfg: ModelConfig, shape: StepShape) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Saved bytes (device, host) of one block, and of everything else (embeddings, final
+    LayerNorm, head and loss), from traces with one and two layers (the blocks are alike)."""
+    from linear_gpt2.platform.device import platform
+
+    if shape.context_parallel > 1 and cfg.spec.family == "softmax":
+        # The ring's blocks keep each slice's output and log-sum-exp, as one device's fused
+        # attention over the slice does (document resets included: their tiled blocks keep
+        # the same); what the ring adds is priced in estimate().
+        cfg = cfg.replace(doc_reset=False)
+    one = _saved_bytes(cfg, 1, shape.batch, shape.positions, platform())
+    two = _saved_bytes(cfg, 2, shape.batch, shape.positions, platform())
+    layer = (two[0] - one[0], two[1] - one[1])
+    return layer, (one[0] - layer[0], one[1] - layer[1])
+
+
+def _params(cfg: ModelConfig, shape: StepShape) -> dict[str, int]:
+    """Parameter counts: ``all``, ``blocks`` (under ``h``), ``positions`` (``wpe``), and
+    ``bytes``: float32 bytes of one device's share (FSDP splits an array over every device
+    where :func:`~linear_gpt2.training.sharding.fsdp_spec` does)."""
+    from linear_gpt2.training.sharding import fsdp_spec
+
+    out = {"all": 0, "blocks": 0, "positions": 0, "bytes": 0}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(_param_shapes(cfg)):
+        n = math.prod(leaf.shape)
+        split = shape.fsdp and fsdp_spec(tuple(leaf.shape), shape.devices) != P()
+        out["bytes"] += 4 * n // (shape.devices if split else 1)
+        out["all"] += n
+        top = getattr(path[0], "key", None)
+        out["blocks"] += n if top == "h" else 0
+        out["positions"] += n if top == "wpe" else 0
+    return out
+
+
+def collective_bytes(cfg: ModelConfig, shape: StepShape) -> dict[str, float]:
+    """What one device sends per step (a MODEL), by collective.
+
+    - FSDP: every micro-step gathers the blocks' parameters in the compute dtype for each pass
+      that multiplies by them (the forward, the backward and, under ``full`` / ``offload``, the
+      recomputed forward) and the others once in float32, and reduce-scatters the float32
+      gradients; the position table is split like the sequence under context parallelism, so
+      each device reads its own rows (no traffic). Without FSDP: one all-reduce of the
+      gradients per update.
+    - Context parallelism, the attention's exchange per layer and pass: the linear family's
+      slice totals (the state S, z, and with a gate its total log-gate, float32); ``flash``'s
+      ring of K and V (``kernels.flash.ring.modelled_ring_bytes``); a recomputed forward
+      (``dots``, ``full``, ``offload``) exchanges again.
+    - Context parallelism with the plain head (``loss_chunk: 0``) and FSDP's vocabulary-split
+      embedding: the compiled step moves activations between the vocabulary and the sequence
+      splits in every layer, modelled as the float32 logits three times over (the
+      results page sets this beside the collectives of a compiled step)."""
+    p = _params(cfg, shape)
+    n, cp = shape.devices, shape.context_parallel
+    out: dict[str, float] = {}
+    if n > 1:
+        if shape.fsdp:
+            passes = 3 if cfg.remat in ("full", "offload") else 2
+            rest = p["all"] - p["blocks"] - (p["positions"] if cp > 1 else 0)
+            itemsize = jnp.dtype(cfg.dtype).itemsize
+            share = (n - 1) / n
+            out["parameters all-gather"] = (
+                shape.accum * share * (passes * itemsize * p["blocks"] + 4 * rest)
+            )
+            out["gradients reduce-scatter"] = shape.accum * share * 4 * (p["all"] - (
+                p["positions"] if cp > 1 else 0))  # fmt: skip
+        else:
+            out["gradients all-reduce"] = 2 * (n - 1) / n * 4 * p["all"]
+    if cp > 1:
+        B, T, H, D = shape.batch, shape.context, cfg.n_head, cfg.head_dim
+        recompute = cfg.remat in ("dots", "full", "offload")  # the attention's forward again
+        if cfg.spec.family == "linear":
+            state = (cp - 1) * 4 * B * H * (D * D + D + (1 if cfg.decay == "gate" else 0))
+            per_layer = state * (3 if recompute else 2)
+        else:
+            from linear_gpt2.kernels.flash.ring import modelled_ring_bytes
+
+            itemsize = jnp.dtype(cfg.dtype).itemsize
+            ring = modelled_ring_bytes(B, T, H, D, cp, itemsize,
+                                       cfg.attention_options.as_dict().get("ring", "zigzag"))  # fmt: skip
+            per_layer = ring["forward"] * (2 if recompute else 1) + ring["backward"]
+        out["attention over seq"] = cfg.n_layer * per_layer * shape.accum
+        if cfg.loss_chunk == 0 and shape.fsdp:
+            logits = 4 * B * shape.positions * cfg.vocab_size
+            out["plain head's relayout"] = 3 * (cp - 1) / cp * logits * shape.accum
+    return out
+
+
+def _link_rate(group: int, shape: StepShape) -> float:
+    return LINK_BYTES_PER_S if group <= shape.devices_per_host else NETWORK_BYTES_PER_S
+
+
+def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
+    """Memory per device and a modelled time of the training step for a resolved ``cfg``,
+    from the configuration alone. Traces the model (at one and two layers, one device's
+    shapes) for what autodiff keeps; compiles nothing. The kernels traced are those of the
+    platform in context (``platform.device.platform``): compiling for a GPU target, trace
+    inside that target's abstract mesh."""
+    assert is_resolved(cfg), "estimate a resolved config (no auto left)"
+    L, B, S, V, C = cfg.n_layer, shape.batch, shape.positions, cfg.vocab_size, cfg.n_embd
+    p = _params(cfg, shape)
+    params, n_params, n_blocks = p["bytes"], p["all"], p["blocks"]
+    (layer_dev, layer_host), (rest_dev, rest_host) = _layer_and_rest(cfg, shape)
+    plain_layer, _ = _layer_and_rest(cfg.replace(remat="none"), shape)
+    tokens = B * S
+    # The backward's largest working set beyond what is kept: one block's recomputed
+    # activations and the float32 cotangents of the residual stream entering and leaving it;
+    # or, at the head, the plain head's logit gradients in the compute dtype. Under dots, what
+    # the policy dropped is recomputed and held; under full / offload XLA recomputes the whole
+    # block inside its backward and fuses most elementwise intermediates into their consumers,
+    # holding about half of the block's residuals at once (RECOMPUTED_SHARE).
+    stream = 2 * 4 * tokens * C
+    plain = plain_layer[0] + plain_layer[1]
+    if cfg.remat in ("full", "offload"):
+        block_work = RECOMPUTED_SHARE * (plain + stream)
+    else:
+        block_work = plain - layer_dev + stream
+    head_work = tokens * V * jnp.dtype(cfg.dtype).itemsize if cfg.loss_chunk == 0 else 0
+    kept_dev = L * layer_dev + rest_dev
+    cp = shape.context_parallel
+    if cp > 1 and cfg.spec.family == "softmax":
+        # flash's ring: the K and V received from the other slices stay for the backward (each
+        # layer's, when nothing is recomputed), and float32 dK, dV travel round it.
+        received = (cp - 1) * 2 * tokens * C * jnp.dtype(cfg.dtype).itemsize
+        if cfg.remat == "none":
+            kept_dev += L * received
+        else:
+            block_work += received
+        block_work += 2 * 4 * tokens * C
+    parts = {
+        "parameters and AdamW state": 3 * params,
+        "gradients": params * (2 if shape.accum > 1 else 1),
+        "activations kept": kept_dev,
+        "backward working set": int(max(block_work, head_work)),
+    }
+    memory = sum(parts.values())
+    parts["activations on the host"] = L * layer_host + rest_host
+
+    # The modelled time of one update: FLOPs (the forward, twice it backward, the recomputed
+    # forward), HBM bytes (everything kept written once and read once, what is recomputed
+    # again; the logits written, read by the loss and by its gradient; the chunked loss's
+    # weight-gradient accumulation per chunk), host transfers and collectives.
+    from linear_gpt2.model.flops import attention_forward_flops_per_token
+
+    attn = L * attention_forward_flops_per_token(cfg, shape.context)
+    per_token = (
+        6 * (n_params - p["positions"]) + 3 * attn
+    )  # a position is looked up, not multiplied
+    if cfg.remat == "dots":
+        per_token += attn
+    elif cfg.remat in ("full", "offload"):
+        per_token += 2 * n_blocks + attn
+    kept = L * (layer_dev + layer_host) + rest_dev + rest_host
+    recomputed = L * (plain_layer[0] + plain_layer[1] - layer_dev - layer_host)
+    # The logits, plain or by chunks: written, read by the loss and by its gradient (the plain
+    # head's kept logits are these, not counted twice).
+    loss = 3 * 4 * tokens * V
+    if cfg.loss_chunk == 0:
+        kept -= 4 * tokens * V
+    if cfg.loss_chunk:
+        loss += math.ceil(tokens / cfg.loss_chunk) * 2 * 4 * V * C
+    hbm = 2 * kept + 2 * recomputed + loss
+    coll = collective_bytes(cfg, shape)
+    times = {
+        "compute": shape.accum * tokens * per_token / MATMUL_FLOPS_PER_S,
+        "memory": shape.accum * hbm / HBM_BYTES_PER_S,
+        "host": shape.accum * 2 * (L * layer_host + rest_host) / HOST_BYTES_PER_S,
+    }
+    for name, sent in coll.items():
+        group = shape.devices if name.startswith(("parameters", "gradients")) else cp
+        times[name] = sent / _link_rate(group, shape)
+    return Estimate(int(memory), parts, sum(times.values()), times, coll)
+
+
+# --------------------------------------------------------------------------------------------
+# The plan
+
+
 @dataclasses.dataclass
 class Plan:
     config: ModelConfig  # resolved: no auto left
@@ -84,13 +408,25 @@ class Plan:
     memory: MemoryReport | None = None  # of the chosen candidate, if it was compiled
     executable: Any = None  # its compiled step, if it was compiled
     tried: list[tuple[str, MemoryReport]] = dataclasses.field(default_factory=list)
+    # Every candidate's estimate (label, Estimate), when the plan estimated; those whose
+    # estimate was over the budget with the margin were not compiled.
+    estimates: list[tuple[str, Estimate]] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         if self.budget is None:
-            return f"{label(self.config)} (no device memory limit known: the cheapest setting)"
+            return f"{label(self.config)} (no device memory limit known: the plain setting)"
         steps = "; ".join(f"{name}: {m.total / GiB:.2f} GiB" for name, m in self.tried)
         verdict = "fits" if self.fits else "does NOT fit"
-        return f"{label(self.config)} {verdict} in {self.budget / GiB:.1f} GiB (compiled: {steps})"
+        out = f"{label(self.config)} {verdict} in {self.budget / GiB:.1f} GiB (compiled: {steps})"
+        if self.estimates:
+            compiled = {name for name, _ in self.tried}
+            est = "; ".join(
+                f"{name}: {e.memory / GiB:.1f} GiB, {e.seconds * 1e3:.0f} ms"
+                + ("" if name in compiled else " (not compiled)")
+                for name, e in self.estimates
+            )
+            out += f" (estimated, time MODELLED: {est})"
+        return out
 
 
 def plan(
@@ -98,27 +434,45 @@ def plan(
     compile_candidate: Callable[[ModelConfig], tuple[MemoryReport, Any]],
     budget: int | None,
     start: int = 0,
+    estimate: Callable[[ModelConfig], Estimate] | None = None,
 ) -> Plan:
-    """The first of :func:`candidates` whose compiled step fits ``budget`` bytes per device.
+    """The setting of ``cfg``'s ``auto`` fields to run: of :func:`candidates`, the fastest whose
+    compiled step fits ``budget`` bytes per device.
 
     ``compile_candidate(cfg) -> (MemoryReport, executable)`` compiles the step for a resolved
-    config. With ``budget`` None nothing is compiled and the cheapest candidate is returned.
-    When none fits, the plan holds the most frugal one with ``fits=False`` and every
-    candidate's memory, for the caller's error message. ``start`` skips the cheapest
-    candidates (a sweep over growing contexts knows the smaller context's choice did not fit
-    with less)."""
+    config. With ``budget`` None nothing is compiled and the first candidate is returned. With
+    ``estimate(cfg) -> Estimate`` (:func:`estimate` at the step's shape) the candidates whose
+    estimated memory is within the budget and its margin (:func:`estimate_margin`) are compiled in order of
+    modelled time until one fits; without it every candidate is compiled in ladder order.
+    When none fits, the plan holds the most frugal one compiled (compiled if it was not),
+    with ``fits=False``, for the caller's error message. ``start`` skips the first candidates
+    (a sweep over growing contexts knows the smaller context's choice did not fit with
+    less)."""
     cands = candidates(cfg)
     cands = cands[min(start, len(cands) - 1) :]
     if budget is None:
         return Plan(cands[0], True, None)
+    estimates: dict[ModelConfig, Estimate] = {}
+    order = cands
+    if estimate is not None:
+        estimates = {c: estimate(c) for c in cands}
+        # Stable: equal modelled times keep the ladder's order.
+        order = sorted((c for c in cands
+                        if estimates[c].memory <= budget * (1 + estimate_margin(c))),
+                       key=lambda c: estimates[c].seconds)  # fmt: skip
+        if not order:  # nothing can fit: compile the most frugal, for the numbers
+            order = [min(cands, key=lambda c: estimates[c].memory)]
+    listed = [(label(c), estimates[c]) for c in cands] if estimates else []
     tried: list[tuple[str, MemoryReport]] = []
-    mem, exe = None, None
-    for c in cands:
-        mem, exe = compile_candidate(c)
-        tried.append((label(c), mem))
-        if mem.total <= budget:
-            return Plan(c, True, budget, mem, exe, tried)
-    return Plan(cands[-1], False, budget, mem, exe, tried)
+    compiled: dict[ModelConfig, tuple[MemoryReport, Any]] = {}
+    for c in order:
+        compiled[c] = compile_candidate(c)
+        tried.append((label(c), compiled[c][0]))
+        if compiled[c][0].total <= budget:
+            return Plan(c, True, budget, *compiled[c], tried, listed)
+    # None fits: the most frugal of those compiled (by compiled memory).
+    c = min(compiled, key=lambda c: compiled[c][0].total)
+    return Plan(c, False, budget, *compiled[c], tried, listed)
 
 
 def device_budget(devices: list[Any] | None = None) -> int | None:

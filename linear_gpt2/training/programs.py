@@ -104,7 +104,14 @@ def planned_train_step(
     budget = (
         device_budget(list(mesh.devices.flat)) if not memory_plan.is_resolved(model_cfg) else None
     )
-    chosen = memory_plan.plan(model_cfg, compile_candidate, budget)
+    shape = memory_plan.StepShape.of(
+        plan.global_micro_batch, cfg.data.context, accum=plan.accum, devices=mesh.devices.size,
+        context_parallel=cfg.train.context_parallel, fsdp=cfg.train.fsdp,
+        devices_per_host=jax.local_device_count(),
+    )  # fmt: skip
+    chosen = memory_plan.plan(
+        model_cfg, compile_candidate, budget, estimate=lambda c: memory_plan.estimate(c, shape)
+    )
     log.print(f"memory: {chosen.describe()}")
     if not chosen.fits:
         raise OutOfMemoryError(

@@ -17,6 +17,7 @@ from linear_gpt2.experiments.reports import (  # noqa: F401  (each module regist
     learning,
     memory,
     mqar,
+    plan,
     roofline,
     step_model,
     step_time,

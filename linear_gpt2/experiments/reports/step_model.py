@@ -156,6 +156,40 @@ def _targets(targets: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+CEILING_LABELS = {"matmul_flops_per_s": "the card's bf16 matmul", "hbm_bytes_per_s":
+                  "the card's streaming bandwidth"}  # fmt: skip
+
+
+def _constants(d: dict[str, Any]) -> list[str]:
+    """The fitted constants with the bound each was fitted within and where it comes from."""
+    ceilings, bounds = d.get("ceilings") or {}, d.get("bounds")
+    if bounds is None:  # a file written before the fit was bounded by the card
+        return [table(["constant", "fitted"],
+                      [[PARAM_LABELS[k], f"{d['params'][k]:.3g}"] for k in d["fitted"]], "lr")]  # fmt: skip
+    body = []
+    for k in d["fitted"]:
+        c = d["bound_from"].get(k)
+        if c and c in ceilings:
+            unit = "TFLOP/s" if c.startswith("matmul") else "TB/s"
+            src = f"{CEILING_LABELS[c]}, measured: {ceilings[c] / 1e12:,.3g} {unit}"
+        elif c:
+            src = "the datasheet peak (the card's ceiling not measured)"
+        else:
+            src = "physical range"
+        body.append([PARAM_LABELS[k], f"{d['params'][k]:.3g}", f"{bounds[k][1]:.3g}", src,
+                     "yes" if k in d.get("at_bound", []) else "no"])  # fmt: skip
+    src = d["meta"]["settings"].get("ceilings_file")
+    return [
+        table(["constant", "fitted", "upper bound", "bound from", "at its bound"], body, "lrrll"),
+        "",
+        "Each fraction of a peak is fitted within what the lent card reached"
+        + (f" (`{src}`)" if src else "")
+        + ": no kernel multiplies faster than the card's dense bf16 matmul (cuDNN's "
+        "attention and the Pallas kernels included), and none moves bytes faster than its "
+        "measured bandwidth, where measured.",
+    ]
+
+
 @renderer("step_model.page")
 def page(model: Raw) -> str:
     d = model.data
@@ -182,8 +216,7 @@ def page(model: Raw) -> str:
         "## Fitted constants (least squares on log(MODEL / measured), "
         f"{f['n']} points)",
         "",
-        table(["constant", "fitted"],
-              [[PARAM_LABELS[k], f"{d['params'][k]:.3g}"] for k in d["fitted"]], "lr"),
+        *_constants(d),
         "",
         f"Error on the {f['n']} fitted points: median {_pct(f['median_abs'], False)}, max "
         f"{_pct(f['max_abs'], False)} (goal: median within 15%, none above 35%: **{goal}**)"
@@ -192,7 +225,12 @@ def page(model: Raw) -> str:
         + (f"; the {ho['n']} memory-check steps, never fitted: median "
            f"{_pct(ho['median_abs'], False)}, max {_pct(ho['max_abs'], False)}" if ho else "")
         + f". With the matmul fraction fixed at 0.7 instead: median {_pct(mm['median_abs'], False)}"
-          f", max {_pct(mm['max_abs'], False)}.",
+          f", max {_pct(mm['max_abs'], False)}"
+        + (f"; bounded by the datasheet peaks only (the fit before the card's ceilings): "
+           f"median {_pct(f['unbounded']['median_abs'], False)}, max "
+           f"{_pct(f['unbounded']['max_abs'], False)}, matmul fraction "
+           f"{f['unbounded']['params']['matmul']:.3g}" if f.get("unbounded") else "")
+        + ".",
         "",
         "## Per point",
         "",
