@@ -15,6 +15,7 @@ from typing import Any
 
 from linear_gpt2 import attention
 from linear_gpt2.attention.options import AttentionOptions
+from linear_gpt2.kernels.layernorm import KERNELS as LAYERNORM_KERNELS
 from linear_gpt2.platform.errors import check, check_choice
 
 DTYPES = ("float32", "bfloat16")
@@ -60,6 +61,11 @@ class ArchConfig:
     # (sparse-label tasks such as MQAR, where an 8192-way head at every token would dominate);
     # rows with more than K labelled targets lose the rest. 0 = every position (GPT-2).
     loss_positions: int = 0
+    # LayerNorm as fused Pallas kernels (kernels/layernorm/): one pass forward with the residual
+    # add before ln_2, one pass backward with the residual's gradient, and the statistics kept;
+    # the same function as Flax's nn.LayerNorm. auto: pallas when compiling for a GPU, xla (Flax's
+    # LayerNorm, the program of before) elsewhere.
+    layernorm_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -101,6 +107,7 @@ class ArchConfig:
             "model.identity_state_mixer",
             "replaces the MLP, so it needs model.mlp: false (set mlp: false or drop the option)",
         )
+        check_choice(self.layernorm_kernel, "model.layernorm_kernel", LAYERNORM_KERNELS)
         check(
             self.loss_positions >= 0,
             "model.loss_positions",

@@ -62,6 +62,7 @@ MUTABLE_PREFIXES = (
     "attention.chunk_size",
     "model.remat",
     "model.loss_chunk",
+    "model.layernorm_kernel",
 )
 LOADER_STATE = "loader_state"
 
