@@ -15,7 +15,7 @@ from typing import Any
 
 from linear_gpt2 import attention
 from linear_gpt2.attention.options import AttentionOptions
-from linear_gpt2.kernels.layernorm import KERNELS as LAYERNORM_KERNELS
+from linear_gpt2.kernels.layernorm import KERNELS as FUSED_KERNELS
 from linear_gpt2.platform.errors import check, check_choice
 
 DTYPES = ("float32", "bfloat16")
@@ -66,6 +66,11 @@ class ArchConfig:
     # the same function as Flax's nn.LayerNorm. auto: pallas when compiling for a GPU, xla (Flax's
     # LayerNorm, the program of before) elsewhere.
     layernorm_kernel: str = "auto"
+    # The MLP's bias + GELU with a fused backward (kernels/bias_gelu/): the backward keeps only
+    # the c_fc matmul's output (not GELU's intermediates) and writes dz and the bias gradient in
+    # one pass; the same function. auto: pallas when compiling for a GPU, xla (Flax's Dense and
+    # nn.gelu, the program of before) elsewhere.
+    mlp_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -107,7 +112,8 @@ class ArchConfig:
             "model.identity_state_mixer",
             "replaces the MLP, so it needs model.mlp: false (set mlp: false or drop the option)",
         )
-        check_choice(self.layernorm_kernel, "model.layernorm_kernel", LAYERNORM_KERNELS)
+        check_choice(self.layernorm_kernel, "model.layernorm_kernel", FUSED_KERNELS)
+        check_choice(self.mlp_kernel, "model.mlp_kernel", FUSED_KERNELS)
         check(
             self.loss_positions >= 0,
             "model.loss_positions",

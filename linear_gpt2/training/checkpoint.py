@@ -63,6 +63,7 @@ MUTABLE_PREFIXES = (
     "model.remat",
     "model.loss_chunk",
     "model.layernorm_kernel",
+    "model.mlp_kernel",
 )
 LOADER_STATE = "loader_state"
 
