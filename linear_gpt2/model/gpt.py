@@ -42,7 +42,18 @@ from jax.ad_checkpoint import checkpoint_name
 from linear_gpt2 import attention
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
-from linear_gpt2.model.layers import GateProjection, ShortConv, dense, layer_norm, retnet_gammas
+from linear_gpt2.model.layers import (
+    DenseParams,
+    FusedLayerNorm,
+    GateProjection,
+    ShortConv,
+    dense,
+    fused_layer_norm,
+    fused_mlp,
+    layer_norm,
+    mlp,
+    retnet_gammas,
+)
 from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
 from linear_gpt2.model.tokenizer import EOT
 
@@ -139,9 +150,14 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        h = dense(cfg, 4 * cfg.n_embd, "c_fc")(x)
-        h = nn.gelu(h, approximate=False)  # nanoGPT's nn.GELU() is the exact erf form
-        h = dense(cfg, cfg.n_embd, "c_proj", stddev=0.02 / math.sqrt(2 * cfg.n_layer))(h)
+        C, stddev = cfg.n_embd, 0.02 / math.sqrt(2 * cfg.n_layer)
+        if fused_mlp(cfg):  # the same parameters and function, the fused activation
+            fc = DenseParams(C, 4 * C, name="c_fc")()
+            h = mlp(cfg, x, fc, DenseParams(4 * C, C, stddev, name="c_proj")())
+        else:
+            h = dense(cfg, 4 * C, "c_fc")(x)
+            h = nn.gelu(h, approximate=False)  # nanoGPT's nn.GELU() is the exact erf form
+            h = dense(cfg, C, "c_proj", stddev=stddev)(h)
         return nn.Dropout(cfg.dropout)(h, deterministic=self.deterministic)
 
 
@@ -159,6 +175,13 @@ class Block(nn.Module):
         cfg = self.config
         # The one tensor the "full" and "offload" policies keep per block (see REMAT_POLICIES).
         x = checkpoint_name(x, BLOCK_INPUT)
+        if cfg.mlp and fused_layer_norm(cfg):
+            # The fused kernels: ln_1 passes x through (so its backward adds the residual's
+            # gradient), ln_2 adds the attention's output to the residual stream.
+            x, y = FusedLayerNorm(cfg, name="ln_1")(x)
+            h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(y, cache, resets)
+            x, y = FusedLayerNorm(cfg, name="ln_2")(x, h)
+            return x + MLP(cfg, self.deterministic, name="mlp")(y), cache
         h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(
             layer_norm(cfg, "ln_1")(x), cache, resets
         )
@@ -279,7 +302,10 @@ class GPT(nn.Module):
             resets = document_starts(tokens, segment_ids, first)
         x, layer_caches = blocks(x, None if cache is None else cache["layers"], resets)
 
-        x = layer_norm(cfg, "ln_f")(x)
+        if fused_layer_norm(cfg):
+            x = FusedLayerNorm(cfg, residual_out=False, name="ln_f")(x)
+        else:
+            x = layer_norm(cfg, "ln_f")(x)
         if targets is not None and cfg.loss_positions > 0:
             x, targets = labelled_positions(x, targets, cfg.loss_positions)
         if targets is not None and output == "correct":

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linear_gpt2.kernels.bias_gelu import ops as bias_gelu_ops
+from linear_gpt2.kernels.layernorm import ops as layernorm_ops
 from linear_gpt2.model.config import ModelConfig
 
 
@@ -27,6 +29,40 @@ def dense(cfg: ModelConfig, features: int, name: str, stddev: float = 0.02) -> n
     )
 
 
+class DenseParams(nn.Module):
+    """:func:`dense`'s parameters, ``kernel`` ``[in, out]`` and ``bias`` ``[out]`` (float32),
+    created in the same order and so initialised the same as ``nn.Dense``'s, for an op that does
+    the matmul and the bias itself (:func:`mlp`). ``in_features`` given."""
+
+    in_features: int
+    features: int
+    stddev: float = 0.02
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
+        init = nn.initializers.normal(stddev=self.stddev)
+        kernel = self.param("kernel", init, (self.in_features, self.features), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        return kernel, bias
+
+
+def fused_mlp(cfg: ModelConfig) -> bool:
+    """Whether the MLP runs the fused activation (``model.mlp_kernel``; ``auto``: when the
+    program is traced for a GPU). Only with biases (GPT-2's)."""
+    return cfg.bias and layernorm_ops.resolve(cfg.mlp_kernel) == "pallas"
+
+
+def mlp(cfg: ModelConfig, x: jax.Array, fc: tuple, proj: tuple) -> jax.Array:
+    """nanoGPT's MLP ``c_proj(gelu(c_fc(x)))`` with the fused activation (kernels/bias_gelu/):
+    x ``[..., C]`` -> ``[..., C]`` in the compute dtype; ``fc``, ``proj`` the (kernel, bias)
+    of c_fc and c_proj (:class:`DenseParams`). The matmuls and bias adds as ``nn.Dense`` does
+    them (operands and results in the compute dtype)."""
+    dt = jnp.dtype(cfg.dtype)
+    (w1, b1), (w2, b2) = fc, proj
+    z = jax.lax.dot_general(x.astype(dt), w1.astype(dt), (((x.ndim - 1,), (0,)), ((), ())))
+    return bias_gelu_ops.gelu_matmul(z, b1, w2, kernel="pallas") + b2.astype(dt)
+
+
 def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
     # Two-pass variance, as torch computes it; statistics in float32 whatever the input dtype.
     return nn.LayerNorm(
@@ -37,6 +73,34 @@ def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
         param_dtype=jnp.float32,
         name=name,
     )
+
+
+def fused_layer_norm(cfg: ModelConfig) -> bool:
+    """Whether the blocks' and the final LayerNorms run the fused kernels
+    (``model.layernorm_kernel``; ``auto``: when the program is traced for a GPU)."""
+    return layernorm_ops.resolve(cfg.layernorm_kernel) == "pallas"
+
+
+class FusedLayerNorm(nn.Module):
+    """:func:`layer_norm` (its parameters ``scale`` and ``bias``, its numerics) over the fused
+    kernels (``kernels/layernorm/``): ``(s, y)`` with s = x + h (x when h is None) the residual
+    stream and y = LayerNorm(s) in the compute dtype, the dtype the next projection reads it in
+    (the same rounding as its cast of a float32 y). Only y with ``residual_out=False``. Returning
+    s lets the backward kernel add the residual's gradient in the same pass."""
+
+    config: ModelConfig
+    residual_out: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, h: jax.Array | None = None):
+        cfg = self.config
+        C = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (C,), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (C,), jnp.float32) if cfg.bias else None
+        return layernorm_ops.add_layer_norm(
+            x, h, scale, bias, eps=1e-5, out_dtype=cfg.dtype, kernel="pallas",
+            residual_out=self.residual_out,
+        )  # fmt: skip
 
 
 def retnet_gammas(n_head: int) -> np.ndarray:
