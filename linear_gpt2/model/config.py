@@ -71,6 +71,11 @@ class ArchConfig:
     # one pass; the same function. auto: pallas when compiling for a GPU, xla (Flax's Dense and
     # nn.gelu, the program of before) elsewhere.
     mlp_kernel: str = "auto"
+    # The cross-entropy of each chunk of logits and its gradient in one Pallas kernel
+    # (kernels/cross_entropy/), written over the logits: the head's matmuls stay XLA's, the
+    # loss's reductions and elementwise passes become one kernel; with loss_chunk 0 the sequence
+    # is one chunk. The same function. auto: pallas when compiling for a GPU, xla elsewhere.
+    loss_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -114,6 +119,7 @@ class ArchConfig:
         )
         check_choice(self.layernorm_kernel, "model.layernorm_kernel", FUSED_KERNELS)
         check_choice(self.mlp_kernel, "model.mlp_kernel", FUSED_KERNELS)
+        check_choice(self.loss_kernel, "model.loss_kernel", FUSED_KERNELS)
         check(
             self.loss_positions >= 0,
             "model.loss_positions",

@@ -64,6 +64,7 @@ MUTABLE_PREFIXES = (
     "model.loss_chunk",
     "model.layernorm_kernel",
     "model.mlp_kernel",
+    "model.loss_kernel",
 )
 LOADER_STATE = "loader_state"
 
