@@ -15,7 +15,7 @@ from typing import Any
 
 from linear_gpt2 import attention
 from linear_gpt2.attention.options import AttentionOptions
-from linear_gpt2.kernels.layernorm import KERNELS as FUSED_KERNELS
+from linear_gpt2.kernels.choice import KERNELS as FUSED_KERNELS
 from linear_gpt2.platform.errors import check, check_choice
 
 DTYPES = ("float32", "bfloat16")

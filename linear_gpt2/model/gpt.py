@@ -40,6 +40,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from linear_gpt2 import attention
+from linear_gpt2.kernels.choice import resolve
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.layers import (
@@ -237,6 +238,12 @@ def remat_policy(name: str):
     }[name]
 
 
+def loss_kernel_of(cfg: ModelConfig) -> str:
+    """The implementation of ``model.loss_kernel`` in the program being traced (``auto``:
+    ``pallas`` for a GPU target, ``xla`` elsewhere)."""
+    return resolve(cfg.loss_kernel, "model.loss_kernel")
+
+
 def loss_chunk_tokens(cfg: ModelConfig) -> int:
     """Tokens per chunk of the fused head + loss, 0 for the plain logits (``auto`` unresolved)."""
     return 0 if cfg.loss_chunk == "auto" else int(cfg.loss_chunk)
@@ -318,9 +325,12 @@ class GPT(nn.Module):
             counted = targets != IGNORE_INDEX
             hits = (jnp.argmax(logits, axis=-1) == targets) & counted
             return hits.sum(), counted.sum()
-        if targets is not None and loss_chunk_tokens(cfg) > 0:
+        loss_kernel = loss_kernel_of(cfg)
+        if targets is not None and (loss_chunk_tokens(cfg) > 0 or loss_kernel == "pallas"):
+            # With the Pallas loss kernel and no chunking the whole sequence is one chunk.
+            chunk = loss_chunk_tokens(cfg) or math.prod(targets.shape)
             return head_cross_entropy(
-                x, wte.embedding, targets, chunk=loss_chunk_tokens(cfg), dtype=cfg.dtype
+                x, wte.embedding, targets, chunk=chunk, dtype=cfg.dtype, kernel=loss_kernel
             )
         # Tied head: logits = x @ wte^T, in the compute dtype, then float32 for the loss.
         logits = jnp.einsum(

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_gpt2.kernels.bias_gelu import ops as bias_gelu_ops
+from linear_gpt2.kernels.choice import resolve
 from linear_gpt2.kernels.layernorm import ops as layernorm_ops
 from linear_gpt2.model.config import ModelConfig
 
@@ -49,7 +50,7 @@ class DenseParams(nn.Module):
 def fused_mlp(cfg: ModelConfig) -> bool:
     """Whether the MLP runs the fused activation (``model.mlp_kernel``; ``auto``: when the
     program is traced for a GPU). Only with biases (GPT-2's)."""
-    return cfg.bias and layernorm_ops.resolve(cfg.mlp_kernel) == "pallas"
+    return cfg.bias and resolve(cfg.mlp_kernel, "model.mlp_kernel") == "pallas"
 
 
 def mlp(cfg: ModelConfig, x: jax.Array, fc: tuple, proj: tuple) -> jax.Array:
@@ -78,7 +79,7 @@ def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
 def fused_layer_norm(cfg: ModelConfig) -> bool:
     """Whether the blocks' and the final LayerNorms run the fused kernels
     (``model.layernorm_kernel``; ``auto``: when the program is traced for a GPU)."""
-    return layernorm_ops.resolve(cfg.layernorm_kernel) == "pallas"
+    return resolve(cfg.layernorm_kernel, "model.layernorm_kernel") == "pallas"
 
 
 class FusedLayerNorm(nn.Module):

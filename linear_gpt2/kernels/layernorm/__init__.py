@@ -14,6 +14,3 @@ module            what
 
 This package's ``__init__`` names the kernels only: importing :mod:`.naive` never imports Pallas.
 """
-
-# The implementations of model.layernorm_kernel ("auto": "pallas" on a GPU target, else "xla").
-KERNELS = ("auto", "xla", "pallas")

@@ -21,25 +21,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from linear_gpt2 import kernels
 from linear_gpt2.kernels import rows
-from linear_gpt2.kernels.layernorm import KERNELS, naive
+from linear_gpt2.kernels.choice import resolve
+from linear_gpt2.kernels.layernorm import naive
 
 F32 = jnp.float32
-
-
-def resolve(kernel: str) -> str:
-    """The implementation behind ``model.layernorm_kernel`` = ``kernel``: ``auto`` is ``pallas``
-    when the program is traced for a GPU (the target's devices, not the process's backend),
-    ``xla`` elsewhere."""
-    if kernel not in KERNELS:
-        raise ValueError(
-            f"layernorm kernel {kernel!r} is not one of {', '.join(KERNELS)}; use auto, xla or "
-            "pallas"
-        )
-    if kernel == "auto":
-        return "pallas" if kernels.on_gpu() else "xla"
-    return kernel
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -106,8 +92,8 @@ def add_layer_norm(
     """``(s, y)``: s = x + h (x when h is None) in the promoted dtype, y = LayerNorm(s) in
     ``out_dtype``; only y with ``residual_out=False``. x, h ``[..., C]``; scale, bias ``[C]``
     (bias may be None). ``kernel``: ``pallas`` (the fused kernels), ``xla`` (autodiff of the
-    oracle) or ``auto`` (:func:`resolve`). Differentiable in x, h, scale, bias."""
-    kernel = resolve(kernel)
+    oracle) or ``auto`` (``kernels.choice.resolve``). Differentiable in x, h, scale, bias."""
+    kernel = resolve(kernel, "layernorm kernel")
     out_dtype = jnp.dtype(out_dtype).name
     call = partial(_local, eps=float(eps), out_dtype=out_dtype, kernel=kernel,
                    residual_out=residual_out)  # fmt: skip
