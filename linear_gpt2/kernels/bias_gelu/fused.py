@@ -1,9 +1,9 @@
 """The MLP's bias + exact GELU in one pass each way (Pallas, Triton).
 
 - ``bias_gelu_fwd``: g = gelu(z + b), one read of z, one write of g.
-- ``bias_gelu_bwd``: from z and dg, dz = dg gelu'(z + b) and g again (the projection's weight
-  gradient reads it: g is recomputed here rather than kept from the forward), and the bias
-  gradient; one read of z and dg, one write of dz and g.
+- ``bias_gelu_bwd``: from z and dg, dz = dg gelu'(z + b) (over dg's buffer) and g again (the
+  projection's weight gradient reads it: g is recomputed here rather than kept from the
+  forward), and the bias gradient; one read of z and dg, one write of dz and g.
 
 Both: grid ``(F / bf, P)``, program (j, p) owns the columns ``[j bf, (j + 1) bf)`` and walks the
 row tiles p, p + P, ... of ``[bt, bf]``; u = z + b is rebuilt in z's dtype (the forward's
@@ -108,12 +108,13 @@ def _bwd_kernel(z_ref, dg_ref, b_ref, dz_ref, g_ref, db_ref, *, N, F, bt, bf, P,
     plgpu.store(db_ref.at[p, cols], acc, mask=cmask)
 
 
-def _call(kernel, name, N, F, out_shape, *args):
+def _call(kernel, name, N, F, out_shape, *args, aliases=None):
     bt, bf, P, steps = plan(N, F)
     return pl.pallas_call(
         partial(kernel, N=N, F=F, bt=bt, bf=bf, P=P, steps=steps),
         grid=(pl.cdiv(F, bf), P),
         out_shape=out_shape,
+        input_output_aliases=aliases or {},
         compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
         interpret=kernels.interpret(),
         name=name,
@@ -132,5 +133,9 @@ def bias_gelu_bwd(z: jax.Array, b: jax.Array, dg: jax.Array):
     N, F = z.shape
     P = plan(N, F)[2]
     shapes = [jax.ShapeDtypeStruct((N, F), z.dtype)] * 2 + [jax.ShapeDtypeStruct((P, F), F32)]
-    dz, g, partial_db = _call(_bwd_kernel, "bias_gelu_bwd", N, F, shapes, z, dg.astype(z.dtype), b)
+    # dz is written over dg (each tile reads its dg before writing its dz): one [N, F] buffer
+    # less at the backward's peak.
+    dz, g, partial_db = _call(
+        _bwd_kernel, "bias_gelu_bwd", N, F, shapes, z, dg.astype(z.dtype), b, aliases={1: 0}
+    )
     return dz, g, partial_db.sum(axis=0)
