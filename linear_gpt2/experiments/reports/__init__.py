@@ -18,6 +18,7 @@ from linear_gpt2.experiments.reports import (  # noqa: F401  (each module regist
     memory,
     mqar,
     roofline,
+    step_glue,
     step_model,
     step_time,
 )
