@@ -76,6 +76,11 @@ class ArchConfig:
     # loss's reductions and elementwise passes become one kernel; with loss_chunk 0 the sequence
     # is one chunk. The same function. auto: pallas when compiling for a GPU, xla elsewhere.
     loss_kernel: str = "auto"
+    # The bias adds of c_attn (with the split into heads) and of the MLP's c_proj (with the
+    # residual add) with their gradients, sums over tokens, fused into the pass that writes the
+    # cotangent (kernels/bias_add/). The same function. auto: pallas when compiling for a GPU,
+    # xla elsewhere.
+    bias_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -120,6 +125,7 @@ class ArchConfig:
         check_choice(self.layernorm_kernel, "model.layernorm_kernel", FUSED_KERNELS)
         check_choice(self.mlp_kernel, "model.mlp_kernel", FUSED_KERNELS)
         check_choice(self.loss_kernel, "model.loss_kernel", FUSED_KERNELS)
+        check_choice(self.bias_kernel, "model.bias_kernel", FUSED_KERNELS)
         check(
             self.loss_positions >= 0,
             "model.loss_positions",

@@ -65,6 +65,7 @@ MUTABLE_PREFIXES = (
     "model.layernorm_kernel",
     "model.mlp_kernel",
     "model.loss_kernel",
+    "model.bias_kernel",
 )
 LOADER_STATE = "loader_state"
 
