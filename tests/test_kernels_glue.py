@@ -2,7 +2,9 @@
 
 - ``kernels/layernorm``: LayerNorm fused with the residual add (forward and backward kernels);
 - ``kernels/bias_gelu``: the MLP's bias, exact GELU and projection (forward and backward);
-- ``kernels/cross_entropy``: a chunk's cross-entropy and its gradient over the logits.
+- ``kernels/cross_entropy``: a chunk's cross-entropy and its gradient over the logits;
+- ``kernels/bias_add``: c_attn's bias with the split into heads, the MLP's c_proj bias with the
+  residual add (their gradients summed in the pass that writes the cotangent).
 
 On CPU the Pallas kernels run in interpret mode (the kernel bodies as JAX ops): values and
 gradients against the plain-JAX oracle beside them and a float64 reference, on odd shapes (rows
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -28,6 +31,7 @@ import numpy as np
 import pytest
 
 from linear_gpt2.kernels import choice
+from linear_gpt2.kernels.bias_add import ops as bias_ops
 from linear_gpt2.kernels.bias_gelu import fused as gelu_fused
 from linear_gpt2.kernels.bias_gelu import naive as gelu_naive
 from linear_gpt2.kernels.bias_gelu import ops as gelu_ops
@@ -218,6 +222,46 @@ def test_gelu_matmul_in_bfloat16_is_one_rounding_from_float32():
 
 
 # --------------------------------------------------------------------------------------------
+# Bias adds
+
+
+@pytest.mark.parametrize("H, D", [(3, 16), (2, 36)])
+def test_bias_add_kernels_equal_autodiff_of_the_dense_bias(H, D):
+    """split_qkv and add_residual against autodiff of the plain bias add (Flax's Dense: the bias
+    in the compute dtype), values and gradients; D = 36: C = 72 has no power-of-two block of 16
+    or more (one masked block per head gradient)."""
+    rng = np.random.default_rng(D)
+    B, T, C = 2, 13, H * D
+    z, b = normal(rng, (B, T, 3 * C)), normal(rng, (3 * C,))
+    x, zc, bc = normal(rng, (B, T, C)), normal(rng, (B, T, C)), normal(rng, (C,))
+    cts = tuple(normal(rng, (B, T, H, D)) for _ in range(3))
+    ds = normal(rng, (B, T, C))
+
+    def plain(z, b, x, zc, bc):
+        qkv = tuple(t.reshape(B, T, H, D) for t in jnp.split(z + b, 3, axis=-1))
+        return qkv, x + (zc + bc)
+
+    def fused(z, b, x, zc, bc, kernel):
+        return bias_ops.split_qkv(z, b, H, kernel=kernel), bias_ops.add_residual(
+            x, zc, bc, kernel=kernel
+        )
+
+    @jax.jit
+    def run(*args):
+        out = {}
+        for name, f in (("plain", plain), ("xla", partial(fused, kernel="xla")),
+                        ("pallas", partial(fused, kernel="pallas"))):  # fmt: skip
+            y, vjp = jax.vjp(f, *args)
+            out[name] = (y, vjp((cts, ds)))
+        return out
+
+    out = run(z, b, x, zc, bc)
+    for name in ("xla", "pallas"):
+        for a, r in zip(jax.tree.leaves(out[name]), jax.tree.leaves(out["plain"])):
+            assert rel_err(a, r) < F32_TOL, name
+
+
+# --------------------------------------------------------------------------------------------
 # Cross-entropy
 
 
@@ -264,7 +308,9 @@ def test_head_loss_with_the_kernel_equals_the_plain_loss():
 # In the model
 
 
-FUSED = dict(layernorm_kernel="pallas", mlp_kernel="pallas", loss_kernel="pallas")
+FUSED = dict(
+    layernorm_kernel="pallas", mlp_kernel="pallas", loss_kernel="pallas", bias_kernel="pallas"
+)
 
 
 @SLOW
@@ -299,7 +345,9 @@ def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100():
     with pytest.raises(ValueError, match="model.mlp_kernel='gpu' is not one of auto, xla"):
         choice.resolve("gpu", "model.mlp_kernel")
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=64, block_size=16)
-    xla = cfg.replace(layernorm_kernel="xla", mlp_kernel="xla", loss_kernel="xla")
+    xla = cfg.replace(
+        layernorm_kernel="xla", mlp_kernel="xla", loss_kernel="xla", bias_kernel="xla"
+    )
     tokens = jnp.zeros((2, 16), jnp.int32)
     params = jax.eval_shape(lambda: api.init_params(cfg, 0))
 
@@ -354,13 +402,13 @@ def test_fused_kernels_per_device_under_a_mesh_equal_one_device():
 def test_glue_kernels_compile_for_the_h100_without_spills():
     """Every kernel, forward and backward, compiled for the H100 (register spills an error):
     LayerNorm at C = 768 (rows padded to 1024 lanes) and 1600 (2048), the MLP activation at
-    F = 3072 and 6400, the cross-entropy at 2048 x 50304."""
+    F = 3072 and 6400, the cross-entropy at 2048 x 50304, the split into heads at C = 768."""
     rep = target.replicated("h100")
 
     def S(shape, dtype):
         return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rep)
 
-    def program(x, h, sc, x2, sc2, z, b, w, z2, b2, w2, logits, t):
+    def program(x, h, sc, x2, sc2, z, b, w, z2, b2, w2, logits, t, zq, bq):
         def ln(x, h, sc):
             return ln_ops.add_layer_norm(x, h, sc, sc, kernel="pallas", out_dtype="bfloat16")
 
@@ -372,15 +420,18 @@ def test_glue_kernels_compile_for_the_h100_without_spills():
             y, vjp = jax.vjp(gelu_ops.gelu_matmul, zz, bb, ww)
             out += [y, vjp(jnp.ones_like(y))]
         out.append(ce_fused.cross_entropy(logits, t, jnp.float32(7.0)))
+        q, vjp = jax.vjp(lambda z, b: bias_ops.split_qkv(z, b, 12), zq, bq)
+        out += [q, vjp(q)]
         return out
 
     args = (S((2048, 768), "float32"), S((2048, 768), "bfloat16"), S((768,), "float32"),
             S((512, 1600), "float32"), S((1600,), "float32"), S((2048, 3072), "bfloat16"), S((3072,), "float32"),
             S((3072, 768), "float32"), S((256, 6400), "bfloat16"), S((6400,), "float32"),
-            S((6400, 1600), "float32"), S((2048, 50304), "float32"), S((2048,), "int32"))  # fmt: skip
+            S((6400, 1600), "float32"), S((2048, 50304), "float32"), S((2048,), "int32"),
+            S((2, 1024, 2304), "bfloat16"), S((2304,), "float32"))  # fmt: skip
     r = target.compile_program(jax.jit(program), args, "h100", kernels=True, fail_on_spill=True)
     names = {k.name.split("__")[0] for k in r.kernels}
     assert names == {"layernorm_fwd", "layernorm_bwd", "bias_gelu_fwd", "bias_gelu_bwd",
-                     "cross_entropy"}, names  # fmt: skip
+                     "cross_entropy", "bias_add_bwd"}, names  # fmt: skip
     limit = target.get("h100").device["shared_memory_per_block_optin"]
     assert all(0 < k.programs and k.shared_memory <= limit for k in r.kernels)

@@ -48,11 +48,14 @@ from linear_gpt2.model.layers import (
     FusedLayerNorm,
     GateProjection,
     ShortConv,
+    add_residual,
     dense,
+    fused_bias,
     fused_layer_norm,
     fused_mlp,
     layer_norm,
     mlp,
+    qkv_heads,
     retnet_gammas,
 )
 from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
@@ -107,8 +110,12 @@ class CausalSelfAttention(nn.Module):
                     "model.short_conv has no incremental decoder; sample from a model without it"
                 )
             x = ShortConv(cfg.short_conv, name="conv")(x, resets)
-        qkv = dense(cfg, 3 * C, "c_attn")(x)
-        q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
+        if fused_bias(cfg):  # the same parameters and function, the fused backward
+            w, b = DenseParams(C, 3 * C, name="c_attn")()
+            q, k, v = qkv_heads(cfg, x, w, b)
+        else:
+            qkv = dense(cfg, 3 * C, "c_attn")(x)
+            q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
         forget: dict[str, Any] = {}
         if resets is not None:
             forget["resets"] = resets
@@ -149,12 +156,18 @@ class MLP(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, residual: jax.Array | None = None) -> jax.Array:
+        """x ``[B, T, C]`` -> the MLP's output ``[B, T, C]``; with ``residual`` (the fused
+        kernels' path, no dropout) ``residual`` + the output, c_proj's bias added by the op
+        whose backward sums its gradient in the same pass."""
         cfg = self.config
         C, stddev = cfg.n_embd, 0.02 / math.sqrt(2 * cfg.n_layer)
         if fused_mlp(cfg):  # the same parameters and function, the fused activation
             fc = DenseParams(C, 4 * C, name="c_fc")()
-            h = mlp(cfg, x, fc, DenseParams(4 * C, C, stddev, name="c_proj")())
+            proj = DenseParams(4 * C, C, stddev, name="c_proj")()
+            if residual is not None:
+                return add_residual(residual, mlp(cfg, x, fc, proj, add_bias=False), proj[1])
+            h = mlp(cfg, x, fc, proj)
         else:
             h = dense(cfg, 4 * C, "c_fc")(x)
             h = nn.gelu(h, approximate=False)  # nanoGPT's nn.GELU() is the exact erf form
@@ -182,7 +195,10 @@ class Block(nn.Module):
             x, y = FusedLayerNorm(cfg, name="ln_1")(x)
             h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(y, cache, resets)
             x, y = FusedLayerNorm(cfg, name="ln_2")(x, h)
-            return x + MLP(cfg, self.deterministic, name="mlp")(y), cache
+            mlp_block = MLP(cfg, self.deterministic, name="mlp")
+            if fused_mlp(cfg) and fused_bias(cfg) and cfg.dropout == 0:
+                return mlp_block(y, residual=x), cache
+            return x + mlp_block(y), cache
         h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(
             layer_norm(cfg, "ln_1")(x), cache, resets
         )

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linear_gpt2.kernels.bias_add import ops as bias_add_ops
 from linear_gpt2.kernels.bias_gelu import ops as bias_gelu_ops
 from linear_gpt2.kernels.choice import resolve
 from linear_gpt2.kernels.layernorm import ops as layernorm_ops
@@ -53,15 +54,39 @@ def fused_mlp(cfg: ModelConfig) -> bool:
     return cfg.bias and resolve(cfg.mlp_kernel, "model.mlp_kernel") == "pallas"
 
 
-def mlp(cfg: ModelConfig, x: jax.Array, fc: tuple, proj: tuple) -> jax.Array:
+def mlp(cfg: ModelConfig, x: jax.Array, fc: tuple, proj: tuple, add_bias: bool = True):
     """nanoGPT's MLP ``c_proj(gelu(c_fc(x)))`` with the fused activation (kernels/bias_gelu/):
     x ``[..., C]`` -> ``[..., C]`` in the compute dtype; ``fc``, ``proj`` the (kernel, bias)
     of c_fc and c_proj (:class:`DenseParams`). The matmuls and bias adds as ``nn.Dense`` does
-    them (operands and results in the compute dtype)."""
+    them (operands and results in the compute dtype); without ``add_bias`` c_proj's bias is
+    left to the caller (:func:`add_residual`)."""
     dt = jnp.dtype(cfg.dtype)
     (w1, b1), (w2, b2) = fc, proj
     z = jax.lax.dot_general(x.astype(dt), w1.astype(dt), (((x.ndim - 1,), (0,)), ((), ())))
-    return bias_gelu_ops.gelu_matmul(z, b1, w2, kernel="pallas") + b2.astype(dt)
+    y = bias_gelu_ops.gelu_matmul(z, b1, w2, kernel="pallas")
+    return y + b2.astype(dt) if add_bias else y
+
+
+def fused_bias(cfg: ModelConfig) -> bool:
+    """Whether ``c_attn``'s and the MLP's ``c_proj`` biases take the fused backward
+    (``model.bias_kernel``; ``auto``: when the program is traced for a GPU). Only with biases
+    (GPT-2's)."""
+    return cfg.bias and resolve(cfg.bias_kernel, "model.bias_kernel") == "pallas"
+
+
+def qkv_heads(cfg: ModelConfig, x: jax.Array, w: jax.Array, b: jax.Array):
+    """q, k, v ``[B, T, H, D]`` of ``c_attn`` (kernel w ``[C, 3C]``, bias b) on x ``[B, T, C]``:
+    the matmul as ``nn.Dense`` does it, the bias and the split by the fused op
+    (kernels/bias_add/)."""
+    dt = jnp.dtype(cfg.dtype)
+    z = jax.lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())))
+    return bias_add_ops.split_qkv(z, b, cfg.n_head, kernel="pallas")
+
+
+def add_residual(x: jax.Array, z: jax.Array, b: jax.Array) -> jax.Array:
+    """The residual stream x plus a projection's output z and its bias b, the bias gradient
+    fused (kernels/bias_add/)."""
+    return bias_add_ops.add_residual(x, z, b, kernel="pallas")
 
 
 def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:

@@ -38,7 +38,9 @@ def main() -> None:
         vocab_size=97, block_size=T, n_layer=1, n_head=2, n_embd=16, dtype="float32",
         attention="LT_chunked", chunk_size=2, kernel="xla", loss_chunk=8,
     )  # fmt: skip
-    cfg = xla.replace(layernorm_kernel="pallas", mlp_kernel="pallas", loss_kernel="pallas")
+    cfg = xla.replace(
+        layernorm_kernel="pallas", mlp_kernel="pallas", loss_kernel="pallas", bias_kernel="pallas"
+    )
     params = init_params(cfg, 0)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 97, size=(B, T + 1))
