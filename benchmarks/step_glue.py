@@ -111,18 +111,21 @@ def main(argv=None) -> int:
             if args.commit:
                 env["git_commit"] = args.commit
             done[p.key] = entry
-            costs["meta"][args.label] = {
+            label = {
                 "how": "compiled",
                 "environment": {**env, "device_kind": "NVIDIA H100 SXM (compiled for, deviceless)"},
                 "code": "this tree" if args.code is None else f"git archive of {args.commit}",
             }  # fmt: skip
+            labels = {**costs["meta"].get("labels", {}), args.label: label}
+            # The file's provenance is the "after" program's (this tree's), each label's beside.
+            costs["meta"] = {**labels.get("after", label), "labels": labels}
             path.write_text(json.dumps(costs, indent=1) + "\n")  # after every point: resumable
     model = json.loads((RESULTS / MODEL).read_text())
     result = step_glue.summarise(costs, model)
     result["meta"] = {
         "how": "modelled",
         "environment": {**environment(), "device_kind": "NVIDIA H100 SXM (modelled)"},
-        "costs": {"file": COSTS, **costs["meta"]},
+        "costs": {"file": COSTS, **costs["meta"].get("labels", {})},
         "model": {"file": MODEL, "params": model["params"],
                   "commit": model["meta"]["environment"].get("git_commit")},
     }  # fmt: skip
