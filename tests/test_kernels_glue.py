@@ -225,11 +225,11 @@ def test_gelu_matmul_in_bfloat16_is_one_rounding_from_float32():
 # Bias adds
 
 
-@pytest.mark.parametrize("H, D", [(3, 16), (2, 36)])
-def test_bias_add_kernels_equal_autodiff_of_the_dense_bias(H, D):
+def test_bias_add_kernels_equal_autodiff_of_the_dense_bias():
     """split_qkv and add_residual against autodiff of the plain bias add (Flax's Dense: the bias
-    in the compute dtype), values and gradients; D = 36: C = 72 has no power-of-two block of 16
-    or more (one masked block per head gradient)."""
+    in the compute dtype), values and gradients; C = 72 has no power-of-two block of 16 or more
+    (one masked block per head gradient), 13 rows not a multiple of the row tiles."""
+    H, D = 2, 36
     rng = np.random.default_rng(D)
     B, T, C = 2, 13, H * D
     z, b = normal(rng, (B, T, 3 * C)), normal(rng, (3 * C,))
@@ -265,8 +265,10 @@ def test_bias_add_kernels_equal_autodiff_of_the_dense_bias(H, D):
 # Cross-entropy
 
 
-@pytest.mark.parametrize("M, V", [(37, 5003), (4, 300)])
-def test_cross_entropy_kernel_equals_the_oracle_and_float64(M, V):
+def test_cross_entropy_kernel_equals_the_oracle_and_float64():
+    """37 rows (the last row tile masked) over a vocabulary of 5003 (three tiles of 2048, the
+    last masked), every fifth target ignored."""
+    M, V = 37, 5003
     rng = np.random.default_rng(M)
     logits = normal(rng, (M, V), 4.0)
     t = np.asarray(rng.integers(0, V, M), np.int32)
@@ -389,7 +391,7 @@ def test_fused_kernels_per_device_under_a_mesh_equal_one_device():
         [sys.executable, str(ROOT / "tests" / "workers" / "glue_kernels_mesh.py")],
         env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
              "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
-        check=True, timeout=600, capture_output=True, text=True,
+        check=True, timeout=1800, capture_output=True, text=True,
     ).stdout  # fmt: skip
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [(r["data"], r["seq"]) for r in rows] == [(2, 1), (2, 2)]
