@@ -138,4 +138,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if "--worker" not in sys.argv:  # the worker imports --code's tree (its PYTHONPATH)
+        sys.path.insert(0, str(REPO))
+    try:
+        from linear_gpt2.platform import process
+    except ImportError:  # a tree from before process.configure (its import set the env itself)
+        process = None
+    if process is not None:
+        process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

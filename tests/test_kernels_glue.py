@@ -20,6 +20,7 @@ spills an error.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from functools import partial
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linear_gpt2 import kernels
 from linear_gpt2.kernels import choice
 from linear_gpt2.kernels.bias_add import ops as bias_ops
 from linear_gpt2.kernels.bias_gelu import fused as gelu_fused
@@ -44,6 +46,8 @@ from linear_gpt2.model import api
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.loss import cross_entropy, head_cross_entropy
 from linear_gpt2.platform import target
+from linear_gpt2.platform.errors import ConfigError
+from linear_gpt2.training.config import load_config
 from tests.helpers import SLOW, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,13 +341,21 @@ def test_model_with_the_fused_kernels_equals_the_xla_model():
         assert rel_err(a, b) < F32_TOL
 
 
-def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100():
+def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100(caplog):
     """auto follows the target being compiled for, not the process's backend; on CPU the
     default step is the program of before (its lowered text equals the one with every glue
     kernel set to xla)."""
     assert choice.resolve("auto") == "xla" and choice.resolve("pallas") == "pallas"
-    with jax.sharding.use_abstract_mesh(target.mesh("h100").abstract_mesh):
-        assert choice.resolve("auto") == "pallas"
+    choice._NOTED.discard("model.test_kernel")
+    with (
+        jax.sharding.use_abstract_mesh(target.mesh("h100").abstract_mesh),
+        caplog.at_level(logging.INFO, logger=kernels.CHOICES),
+    ):
+        assert choice.resolve("auto", "model.test_kernel") == "pallas"
+    # The pick is one INFO record under the kernels' choices logger (what the trainer prints).
+    assert [r.getMessage() for r in caplog.records if r.name.startswith(kernels.CHOICES)] == [
+        "model.test_kernel=auto: pallas (the program is for a GPU)"
+    ]
     with pytest.raises(ValueError, match="model.mlp_kernel='gpu' is not one of auto, xla"):
         choice.resolve("gpu", "model.mlp_kernel")
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=64, block_size=16)
@@ -360,6 +372,26 @@ def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100():
 
     text = lowered(cfg)
     assert text == lowered(xla) and "pallas" not in text
+
+
+KERNEL_KEYS = ("layernorm_kernel", "mlp_kernel", "loss_kernel", "bias_kernel")
+
+
+def test_kernel_options_are_checked_at_load_and_a_resume_may_change_them():
+    """The four options are typed model fields: a bad value is a one-line ConfigError naming
+    the key and the choices (the CLI's exit 2), and a resumed run may change them (they pick an
+    implementation of the same function)."""
+    for key in KERNEL_KEYS:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"model.{key}=gpu"])
+        text = str(e.value)
+        assert f"model.{key}" in text and "auto, xla, pallas" in text and "\n" not in text
+        with pytest.raises(ConfigError, match=f"model.{key}"):
+            load_config(None, [f"model.{key}=3"])
+    cfg = load_config(None, [f"model.{k}=pallas" for k in KERNEL_KEYS])
+    assert cfg.model_config.layernorm_kernel == "pallas"
+    assert all(cfg.resume_may_change(f"model.{k}") for k in KERNEL_KEYS)
+    assert not cfg.resume_may_change("model.n_embd")
 
 
 def test_the_step_is_traced_with_a_gpu_mesh_in_context():

@@ -30,13 +30,19 @@ underflow to 0 where the decay is complete. The chunked form computes A within e
 carries the chunk's total decay on the state), which keeps float32 exact at any length; the
 materialising forms use the sequence's cumulative sum.
 
+The family's options are declared once here: :class:`LinearOptions` (``feature_map``,
+``kernel``, ``eps``, on top of the layer's ``doc_reset`` and ``decay``), which every linear
+variant's options class extends, and :class:`ChunkedOptions` (``chunk_size``, and the rule that
+a fused kernel needs a block size it can tile) for the variants that work in chunks or blocks.
+
 The statistics diagnostics report for a linear layer (:func:`layer_stats`) and the recurrent
 decoder (:func:`make_decoder`) are shared by every linear variant: they compute the same function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -45,6 +51,7 @@ import jax.numpy as jnp
 
 from linear_gpt2 import kernels
 from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
+from linear_gpt2.attention.options import OptionError, Options, nonnegative, option
 from linear_gpt2.attention.spec import AttentionSpec, Decoder
 from linear_gpt2.kernels import normalise
 from linear_gpt2.kernels.context import entering_state, entering_weights, slice_state
@@ -86,6 +93,64 @@ def check_feature_map(name: str) -> Callable[[jax.Array], jax.Array]:
     return FEATURE_MAPS[name]
 
 
+# --------------------------------------------------------------------------------------------
+# The family's options
+
+
+def kernel_option(names: tuple[str, ...]) -> Any:
+    """The ``kernel`` field of a linear variant whose implementations are ``names``."""
+    return option(
+        "auto",
+        "the implementation (auto: the fused kernel on a GPU, xla elsewhere)",
+        choices=names,
+        implementation=True,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearOptions(Options):
+    """What every linear variant reads: the feature map, the implementation and eps."""
+
+    # Positive feature map phi applied to q and k (FEATURE_MAPS).
+    feature_map: str = option(
+        "softplus", "the feature map phi on q and k", choices=tuple(FEATURE_MAPS), label="/{}"
+    )
+    kernel: str = kernel_option(("auto", "xla"))
+    # Added to the normaliser sum_j phi(q_i).phi(k_j) before dividing.
+    eps: float = option(1e-6, "added to the normaliser before dividing", check=nonnegative)
+
+
+def _chunk_value(value: int | str) -> str | None:
+    if value == "auto" or (isinstance(value, int) and value >= 1):
+        return None
+    return f"must be an int >= 1 or 'auto', got {value!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedOptions(LinearOptions):
+    """A linear variant that works in chunks (blocks) of ``chunk_size`` positions."""
+
+    # An int, or "auto": measured per shape and device at trace time, cached (autotune.py).
+    chunk_size: int | str = option(
+        64,
+        "positions per chunk (block); auto: measured per shape when traced",
+        check=_chunk_value,
+        implementation=True,
+    )
+
+    def check(self) -> None:
+        super().check()
+        # A fused kernel tiles the chunk: its size must be a block size the kernels take.
+        if self.kernel not in ("auto", "xla") and self.chunk_size != "auto":
+            problem = kernels.block_size_problem(self.chunk_size)
+            if problem:
+                raise OptionError(
+                    "chunk_size",
+                    f"kernel={self.kernel}: chunk_size={self.chunk_size} {problem}; use e.g. 64, "
+                    f"or kernel=xla for any size",
+                )
+
+
 def features(
     q: jax.Array, k: jax.Array, feature_map: str | Callable[[jax.Array], jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
@@ -107,22 +172,19 @@ def features(
 def attention_fn(
     variant: str,
     algorithm: Callable[..., tuple[jax.Array, jax.Array]],
-    feature_map: str,
-    kernel: str,
-    eps: float,
+    options: LinearOptions,
 ) -> Callable[..., jax.Array]:
     """``fn(q, k, v, *, resets=None, log_gate=None) -> y`` (q, k, v, y ``[B, T, H, D]``) for a
-    pure-JAX variant: phi on q and k, the variant's ``algorithm(phi(q), phi(k), v, forget) ->
-    (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or None), then
-    ``num / (den + eps)``. Options are checked here, when the function is made.
+    pure-JAX variant: phi on q and k (``options.feature_map``), the variant's ``algorithm(phi(q),
+    phi(k), v, forget) -> (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or
+    None), then ``num / (den + options.eps)``.
 
     Under context parallelism (the sequence split over the mesh's ``seq`` axis) each device runs
     ``algorithm`` on its slice from a zero state and adds what the earlier slices leave: the
     entering state ``(S_in, z_in)`` (``kernels/context.py``) weighted at position i by its decay
     so far, ``w_i phi(q_i) S_in`` to the numerator and ``w_i phi(q_i) . z_in`` to the
     denominator. Every such form takes it at the cost of one gather of [D, D] states."""
-    phi = check_feature_map(feature_map)
-    kernels.check_kernel(kernel, variant)
+    phi, eps = check_feature_map(options.feature_map), options.eps
 
     def attend(q, k, v, resets=None, log_gate=None, context_parallel: bool = False) -> jax.Array:
         fq, fk = features(q, k, phi)
@@ -150,14 +212,13 @@ def attention_fn(
 
 
 def pallas_block(
-    options: Mapping[str, Any], names: Any, D: int, block: Callable[[str, int], int] | None = None
+    options: ChunkedOptions, names: Any, D: int, block: Callable[[str, int], int] | None = None
 ) -> tuple[str, int | None]:
     """The kernel ``options`` name for the platform traced for (``auto``: ``pallas`` on a GPU,
     ``xla`` elsewhere) and the block size its Pallas design would run (``block(kernel,
     chunk_size)``, default the chunk size), or None where no Pallas design applies: another
     kernel, ``chunk_size=auto``, or a block or head dim the kernels refuse."""
-    kernel = options.get("kernel", "auto")
-    c = options.get("chunk_size", 64)
+    kernel, c = options.kernel, options.chunk_size
     if kernel == "auto":
         kernel = "pallas" if kernels.on_gpu() else "xla"
     if kernel not in names or c == "auto":
@@ -171,9 +232,9 @@ def pallas_block(
 def spec(name: str, make: Callable[..., Any], flops: Callable[..., float], **fields: Any):
     """The :class:`AttentionSpec` of a linear variant of this package: the linear family, the
     shared recurrent decoder and statistics, resets and decay gates taken. ``fields`` override
-    or add (``options``, ``kernels``, ``check``, ...); ``options`` defaults to
-    ``(feature_map, kernel, eps)``."""
-    fields.setdefault("options", ("feature_map", "kernel", "eps"))
+    or add (``options``, ``kernel_design``, ...); ``options`` defaults to
+    :class:`LinearOptions`."""
+    fields.setdefault("options", LinearOptions)
     return AttentionSpec(
         name=name, family="linear", make=make, flops=flops, make_decoder=make_decoder,
         resets=True, decay=True, stats=layer_stats, **{"context_parallel": True, **fields},
@@ -233,13 +294,12 @@ def _prefill_kernel(kernel: str, c: int) -> str | None:
     return name if kernels.block_size_problem(c) is None else None
 
 
-def make_decoder(
-    feature_map: str = "softplus",
-    chunk_size: int | str = 64,
-    eps: float = 1e-6,
-    kernel: str = "auto",
-    **_: Any,
-) -> Decoder:
+# The prefill's chunk for a variant without a chunk size of its own (or chunk_size=auto): it only
+# affects speed, and decoding is mostly single steps.
+PREFILL_CHUNK = 64
+
+
+def make_decoder(options: LinearOptions) -> Decoder:
     """The linear transformer as an RNN (the post's section 4): a state of constant size.
 
     - ``init(batch, n_head, head_dim, max_len, dtype)`` -> ``(S [B, H, D, D], z [B, H, D])``,
@@ -251,16 +311,16 @@ def make_decoder(
       phi(k) (gamma = 0 where a document starts), y = phi(q) S / (phi(q) . z + eps); O(D^2).
     - ``prefill(state, q, k, v, *, log_gate=None, resets=None)``, q, k, v ``[B, T, H, D]``: the
       chunked form (``LT_chunked``) started from ``state``, with chunks of ``chunk_size``; T need
-      not be a multiple of it. With ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto``
-      compiling for a GPU) and a power-of-two chunk size >= 16, the Pallas kernels run it (from
-      the state, returning the final state; with resets or gates the chunk-parallel ones, the
-      single pass taking none); otherwise the XLA form.
+      not be a multiple of it (:data:`PREFILL_CHUNK` for a variant without one). With
+      ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto`` compiling for a GPU) and a
+      power-of-two chunk size >= 16, the Pallas kernels run it (from the state, returning the
+      final state; with resets or gates the chunk-parallel ones, the single pass taking none);
+      otherwise the XLA form.
     """
-    phi = check_feature_map(feature_map)
+    phi, eps, kernel = check_feature_map(options.feature_map), options.eps, options.kernel
+    chunk_size = getattr(options, "chunk_size", PREFILL_CHUNK)
     if chunk_size == "auto":
-        chunk_size = 64  # the prefill's chunk only affects speed; decoding is mostly single steps
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        chunk_size = PREFILL_CHUNK
 
     def init(batch: int, n_head: int, head_dim: int, max_len: int | None = None, dtype=None):
         del max_len, dtype
@@ -322,7 +382,7 @@ def _divisor(T: int, limit: int = 64) -> int:
     return max(d for d in range(1, min(T, limit) + 1) if T % d == 0)
 
 
-def layer_stats(q, k, v, y, resets=None, log_gate=None, options: Mapping[str, Any] = {}):
+def layer_stats(q, k, v, y, resets=None, log_gate=None, options: LinearOptions | None = None):
     """float32 scalars of one layer (q, k, v, y ``[B, T, H, D]`` as the attention got and gave
     them): ``den_min``, ``den_mean``, the normaliser phi(q_i) . z_i before ``eps`` (min and mean
     over rows, positions and heads; near 0 it blows the output and its gradient up), and
@@ -330,7 +390,7 @@ def layer_stats(q, k, v, y, resets=None, log_gate=None, options: Mapping[str, An
     with resets), mean over rows and heads. Recomputed with the chunked form, which every linear
     variant equals, so it holds for kernels that never materialise either."""
     del y
-    fq, fk = features(q, k, options.get("feature_map", "softplus"))
+    fq, fk = features(q, k, (options or LinearOptions()).feature_map)
     forget = as_forget(log_gate, resets)
     (_, den), (S, _) = chunked_linear_attention(fq, fk, v, _divisor(q.shape[1]), forget=forget)
     return {

@@ -39,9 +39,9 @@ def lt_attention_parallel_no_flash(
     return num, den
 
 
-def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
+def make(options: linear.LinearOptions):
     return linear.attention_fn(
-        "LT_attention_parallel_no_flash", lt_attention_parallel_no_flash, feature_map, kernel, eps
+        "LT_attention_parallel_no_flash", lt_attention_parallel_no_flash, options
     )
 
 

@@ -26,7 +26,7 @@ PEAK_FLOPS = {
 def attention_forward_flops_per_token(cfg: ModelConfig, context: int) -> float:
     """Matmul FLOPs of one layer's attention per token, forward, summed over heads: what the
     variant's spec counts (``AttentionSpec.flops``)."""
-    return cfg.spec.flops(context, cfg.n_head, cfg.head_dim, cfg.attention_options())
+    return cfg.spec.flops(context, cfg.n_head, cfg.head_dim, cfg.attention_options)
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int, context: int) -> float:

@@ -14,6 +14,9 @@ MESHES = [(2, 1), (2, 2)]  # (data, seq)
 
 
 def main() -> None:
+    from linear_gpt2.platform import process
+
+    process.configure()  # several host devices: XLA:CPU's collectives in order
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
