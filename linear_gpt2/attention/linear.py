@@ -157,7 +157,16 @@ def features(
     """phi(q), phi(k): computed in float32, returned in the input dtype (the matmul operand
     dtype). Any shape; elementwise."""
     phi = check_feature_map(feature_map) if isinstance(feature_map, str) else feature_map
-    return phi(q.astype(F32)).astype(q.dtype), phi(k.astype(F32)).astype(k.dtype)
+
+    def apply(q, k):
+        return phi(q.astype(F32)).astype(q.dtype), phi(k.astype(F32)).astype(k.dtype)
+
+    if kernels.on_gpu():
+        # Keep q and k (their own dtype) for the backward, not autodiff's float32 copies of
+        # them (issue 37: half the bytes the layer scan stacks); phi' is recomputed from them,
+        # exactly as autodiff would compute it.
+        return jax.checkpoint(apply)(q, k)
+    return apply(q, k)
 
 
 def attention_fn(

@@ -47,6 +47,7 @@ class Point:
     remat: str | None = None  # None: not recorded (``auto``'s choice: matched by memory)
     loss_chunk: int | None = None
     held_out: bool = False  # not used to fit the model
+    batch: int = 1  # sequences per step (the measured steps: 1)
 
     @property
     def key(self) -> str:
@@ -101,7 +102,7 @@ def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
     launched with (``LT_chunked``'s both designs, ``LT_attention_parallel``'s single pass): a
     launch is priced by the entry of its name, whatever attention launched it."""
     dims = SIZES[point.size]
-    B, T, H = 1, point.context, dims["n_head"]
+    B, T, H = point.batch, point.context, dims["n_head"]
     D = dims["n_embd"] // H
     Dp = max(16, 2 ** math.ceil(math.log2(D)))
     c = min(point.chunk_size or 64, T)
@@ -115,6 +116,20 @@ def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
 
 # --------------------------------------------------------------------------------------------
 # Cost rows
+
+# Pallas kernels without a cost model of their own (issue 37's LayerNorm, bias + GELU and
+# cross-entropy kernels: one pass over rows, no matmuls) move their operands once and their
+# outputs once, as the HLO lists them; the cross-entropy kernel reads its logits twice (the
+# online log-sum-exp, then the gradient: kernels/cross_entropy/fused.py), which the second read
+# may find in L2 or not: counted as HBM.
+_LOGITS_REREAD = ("cross_entropy",)
+
+
+def _bytes(name: str, op: hlo_costs.Op) -> float:
+    """HBM bytes of a Pallas launch that has no cost model: its operands and outputs, plus the
+    logits' second read for the cross-entropy kernel (its input and output, the logits and their
+    gradient, are the same size: half of what the HLO lists)."""
+    return op.bytes * (1.5 if name in _LOGITS_REREAD else 1.0)
 
 
 def cost_rows(ops: list[hlo_costs.Op], point: Point) -> list[dict[str, Any]]:
@@ -134,7 +149,7 @@ def cost_rows(ops: list[hlo_costs.Op], point: Point) -> list[dict[str, Any]]:
                 modelled=k is not None,
                 programs=k.programs if k else math.prod(op.detail.get("grid") or [1]),
             )
-            base.update(flops=k.flops if k else 0.0, bytes=k.bytes if k else op.bytes)
+            base.update(flops=k.flops if k else 0.0, bytes=k.bytes if k else _bytes(name, op))
         elif op.kind in ("matmul", "fmha"):
             base.update(flops=op.flops, bytes=op.bytes)
         if "flops" in base:

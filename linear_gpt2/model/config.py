@@ -18,6 +18,7 @@ from typing import Any
 from linear_gpt2 import attention
 from linear_gpt2.attention import schema
 from linear_gpt2.attention.options import Options, declared
+from linear_gpt2.kernels.choice import KERNELS as FUSED_KERNELS
 from linear_gpt2.platform.errors import check, check_choice
 
 DTYPES = ("float32", "bfloat16")
@@ -78,6 +79,26 @@ class ArchConfig:
     # (sparse-label tasks such as MQAR, where an 8192-way head at every token would dominate);
     # rows with more than K labelled targets lose the rest. 0 = every position (GPT-2).
     loss_positions: int = 0
+    # LayerNorm as fused Pallas kernels (kernels/layernorm/): one pass forward with the residual
+    # add before ln_2, one pass backward with the residual's gradient, and the statistics kept;
+    # the same function as Flax's nn.LayerNorm. auto: pallas when compiling for a GPU, xla (Flax's
+    # LayerNorm, the program of before) elsewhere.
+    layernorm_kernel: str = field(default="auto", metadata=RESUME_MAY_CHANGE)
+    # The MLP's bias + GELU with a fused backward (kernels/bias_gelu/): the backward keeps only
+    # the c_fc matmul's output (not GELU's intermediates) and writes dz and the bias gradient in
+    # one pass; the same function. auto: pallas when compiling for a GPU, xla (Flax's Dense and
+    # nn.gelu, the program of before) elsewhere.
+    mlp_kernel: str = field(default="auto", metadata=RESUME_MAY_CHANGE)
+    # The cross-entropy of each chunk of logits and its gradient in one Pallas kernel
+    # (kernels/cross_entropy/), written over the logits: the head's matmuls stay XLA's, the
+    # loss's reductions and elementwise passes become one kernel; with loss_chunk 0 the sequence
+    # is one chunk. The same function. auto: pallas when compiling for a GPU, xla elsewhere.
+    loss_kernel: str = field(default="auto", metadata=RESUME_MAY_CHANGE)
+    # The bias adds of c_attn (with the split into heads) and of the MLP's c_proj (with the
+    # residual add) with their gradients, sums over tokens, fused into the pass that writes the
+    # cotangent (kernels/bias_add/). The same function. auto: pallas when compiling for a GPU,
+    # xla elsewhere.
+    bias_kernel: str = field(default="auto", metadata=RESUME_MAY_CHANGE)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -126,6 +147,10 @@ class ArchConfig:
             "model.identity_state_mixer",
             "replaces the MLP, so it needs model.mlp: false (set mlp: false or drop the option)",
         )
+        check_choice(self.layernorm_kernel, "model.layernorm_kernel", FUSED_KERNELS)
+        check_choice(self.mlp_kernel, "model.mlp_kernel", FUSED_KERNELS)
+        check_choice(self.loss_kernel, "model.loss_kernel", FUSED_KERNELS)
+        check_choice(self.bias_kernel, "model.bias_kernel", FUSED_KERNELS)
         check(
             self.loss_positions >= 0,
             "model.loss_positions",

@@ -42,9 +42,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from linear_gpt2.kernels.choice import resolve
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
-from linear_gpt2.model.layers import GateProjection, ShortConv, dense, layer_norm, retnet_gammas
+from linear_gpt2.model.layers import (
+    DenseParams,
+    FusedLayerNorm,
+    GateProjection,
+    ShortConv,
+    add_residual,
+    dense,
+    fused_bias,
+    fused_layer_norm,
+    fused_mlp,
+    layer_norm,
+    mlp,
+    qkv_heads,
+    retnet_gammas,
+)
 from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
 from linear_gpt2.model.loss import counted as counted_after
 from linear_gpt2.model.tokenizer import EOT
@@ -98,8 +113,12 @@ class CausalSelfAttention(nn.Module):
                     "model.short_conv has no incremental decoder; sample from a model without it"
                 )
             x = ShortConv(cfg.short_conv, name="conv")(x, resets)
-        qkv = dense(cfg, 3 * C, "c_attn")(x)
-        q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
+        if fused_bias(cfg):  # the same parameters and function, the fused backward
+            w, b = DenseParams(C, 3 * C, name="c_attn")()
+            q, k, v = qkv_heads(cfg, x, w, b)
+        else:
+            qkv = dense(cfg, 3 * C, "c_attn")(x)
+            q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
         forget: dict[str, Any] = {}
         if resets is not None:
             forget["resets"] = resets
@@ -140,11 +159,22 @@ class MLP(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, residual: jax.Array | None = None) -> jax.Array:
+        """x ``[B, T, C]`` -> the MLP's output ``[B, T, C]``; with ``residual`` (the fused
+        kernels' path, no dropout) ``residual`` + the output, c_proj's bias added by the op
+        whose backward sums its gradient in the same pass."""
         cfg = self.config
-        h = dense(cfg, 4 * cfg.n_embd, "c_fc")(x)
-        h = nn.gelu(h, approximate=False)  # nanoGPT's nn.GELU() is the exact erf form
-        h = dense(cfg, cfg.n_embd, "c_proj", stddev=0.02 / math.sqrt(2 * cfg.n_layer))(h)
+        C, stddev = cfg.n_embd, 0.02 / math.sqrt(2 * cfg.n_layer)
+        if fused_mlp(cfg):  # the same parameters and function, the fused activation
+            fc = DenseParams(C, 4 * C, name="c_fc")()
+            proj = DenseParams(4 * C, C, stddev, name="c_proj")()
+            if residual is not None:
+                return add_residual(residual, mlp(cfg, x, fc, proj, add_bias=False), proj[1])
+            h = mlp(cfg, x, fc, proj)
+        else:
+            h = dense(cfg, 4 * C, "c_fc")(x)
+            h = nn.gelu(h, approximate=False)  # nanoGPT's nn.GELU() is the exact erf form
+            h = dense(cfg, C, "c_proj", stddev=stddev)(h)
         return nn.Dropout(cfg.dropout)(h, deterministic=self.deterministic)
 
 
@@ -162,6 +192,16 @@ class Block(nn.Module):
         cfg = self.config
         # The one tensor the "full" and "offload" policies keep per block (see REMAT_POLICIES).
         x = checkpoint_name(x, BLOCK_INPUT)
+        if cfg.mlp and fused_layer_norm(cfg):
+            # The fused kernels: ln_1 passes x through (so its backward adds the residual's
+            # gradient), ln_2 adds the attention's output to the residual stream.
+            x, y = FusedLayerNorm(cfg, name="ln_1")(x)
+            h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(y, cache, resets)
+            x, y = FusedLayerNorm(cfg, name="ln_2")(x, h)
+            mlp_block = MLP(cfg, self.deterministic, name="mlp")
+            if fused_mlp(cfg) and fused_bias(cfg) and cfg.dropout == 0:
+                return mlp_block(y, residual=x), cache
+            return x + mlp_block(y), cache
         h, cache = CausalSelfAttention(cfg, self.deterministic, name="attn")(
             layer_norm(cfg, "ln_1")(x), cache, resets
         )
@@ -221,6 +261,12 @@ def remat_policy(name: str):
             offload_dst="pinned_host",
         ),
     }[name]
+
+
+def loss_kernel_of(cfg: ModelConfig) -> str:
+    """The implementation of ``model.loss_kernel`` in the program being traced (``auto``:
+    ``pallas`` for a GPU target, ``xla`` elsewhere)."""
+    return resolve(cfg.loss_kernel, "model.loss_kernel")
 
 
 def loss_chunk_tokens(cfg: ModelConfig) -> int:
@@ -296,7 +342,10 @@ class GPT(nn.Module):
         else:
             x = self.unrolled_blocks(x, resets, policy)
 
-        x = layer_norm(cfg, "ln_f")(x)
+        if fused_layer_norm(cfg):
+            x = FusedLayerNorm(cfg, residual_out=False, name="ln_f")(x)
+        else:
+            x = layer_norm(cfg, "ln_f")(x)
         if targets is not None and cfg.loss_positions > 0:
             x, targets = labelled_positions(x, targets, cfg.loss_positions)
         if targets is not None and output == "correct":
@@ -310,9 +359,12 @@ class GPT(nn.Module):
             hits = (jnp.argmax(logits, axis=-1) == targets) & counted
             # The count after the logits, as the loss's (loss.counted: issue 38).
             return hits.sum(), counted_after(counted, logits).astype(jnp.int32)
-        if targets is not None and loss_chunk_tokens(cfg) > 0:
+        loss_kernel = loss_kernel_of(cfg)
+        if targets is not None and (loss_chunk_tokens(cfg) > 0 or loss_kernel == "pallas"):
+            # With the Pallas loss kernel and no chunking the whole sequence is one chunk.
+            chunk = loss_chunk_tokens(cfg) or math.prod(targets.shape)
             return head_cross_entropy(
-                x, wte.embedding, targets, chunk=loss_chunk_tokens(cfg), dtype=cfg.dtype
+                x, wte.embedding, targets, chunk=chunk, dtype=cfg.dtype, kernel=loss_kernel
             )
         # Tied head: logits = x @ wte^T, in the compute dtype, then float32 for the loss.
         logits = jnp.einsum(

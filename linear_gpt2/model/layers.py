@@ -12,6 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linear_gpt2.kernels.bias_add import ops as bias_add_ops
+from linear_gpt2.kernels.bias_gelu import ops as bias_gelu_ops
+from linear_gpt2.kernels.choice import resolve
+from linear_gpt2.kernels.layernorm import ops as layernorm_ops
 from linear_gpt2.model.config import ModelConfig
 
 
@@ -27,6 +31,64 @@ def dense(cfg: ModelConfig, features: int, name: str, stddev: float = 0.02) -> n
     )
 
 
+class DenseParams(nn.Module):
+    """:func:`dense`'s parameters, ``kernel`` ``[in, out]`` and ``bias`` ``[out]`` (float32),
+    created in the same order and so initialised the same as ``nn.Dense``'s, for an op that does
+    the matmul and the bias itself (:func:`mlp`). ``in_features`` given."""
+
+    in_features: int
+    features: int
+    stddev: float = 0.02
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
+        init = nn.initializers.normal(stddev=self.stddev)
+        kernel = self.param("kernel", init, (self.in_features, self.features), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        return kernel, bias
+
+
+def fused_mlp(cfg: ModelConfig) -> bool:
+    """Whether the MLP runs the fused activation (``model.mlp_kernel``; ``auto``: when the
+    program is traced for a GPU). Only with biases (GPT-2's)."""
+    return cfg.bias and resolve(cfg.mlp_kernel, "model.mlp_kernel") == "pallas"
+
+
+def mlp(cfg: ModelConfig, x: jax.Array, fc: tuple, proj: tuple, add_bias: bool = True):
+    """nanoGPT's MLP ``c_proj(gelu(c_fc(x)))`` with the fused activation (kernels/bias_gelu/):
+    x ``[..., C]`` -> ``[..., C]`` in the compute dtype; ``fc``, ``proj`` the (kernel, bias)
+    of c_fc and c_proj (:class:`DenseParams`). The matmuls and bias adds as ``nn.Dense`` does
+    them (operands and results in the compute dtype); without ``add_bias`` c_proj's bias is
+    left to the caller (:func:`add_residual`)."""
+    dt = jnp.dtype(cfg.dtype)
+    (w1, b1), (w2, b2) = fc, proj
+    z = jax.lax.dot_general(x.astype(dt), w1.astype(dt), (((x.ndim - 1,), (0,)), ((), ())))
+    y = bias_gelu_ops.gelu_matmul(z, b1, w2, kernel="pallas")
+    return y + b2.astype(dt) if add_bias else y
+
+
+def fused_bias(cfg: ModelConfig) -> bool:
+    """Whether ``c_attn``'s and the MLP's ``c_proj`` biases take the fused backward
+    (``model.bias_kernel``; ``auto``: when the program is traced for a GPU). Only with biases
+    (GPT-2's)."""
+    return cfg.bias and resolve(cfg.bias_kernel, "model.bias_kernel") == "pallas"
+
+
+def qkv_heads(cfg: ModelConfig, x: jax.Array, w: jax.Array, b: jax.Array):
+    """q, k, v ``[B, T, H, D]`` of ``c_attn`` (kernel w ``[C, 3C]``, bias b) on x ``[B, T, C]``:
+    the matmul as ``nn.Dense`` does it, the bias and the split by the fused op
+    (kernels/bias_add/)."""
+    dt = jnp.dtype(cfg.dtype)
+    z = jax.lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())))
+    return bias_add_ops.split_qkv(z, b, cfg.n_head, kernel="pallas")
+
+
+def add_residual(x: jax.Array, z: jax.Array, b: jax.Array) -> jax.Array:
+    """The residual stream x plus a projection's output z and its bias b, the bias gradient
+    fused (kernels/bias_add/)."""
+    return bias_add_ops.add_residual(x, z, b, kernel="pallas")
+
+
 def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
     # Two-pass variance, as torch computes it; statistics in float32 whatever the input dtype.
     return nn.LayerNorm(
@@ -37,6 +99,34 @@ def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
         param_dtype=jnp.float32,
         name=name,
     )
+
+
+def fused_layer_norm(cfg: ModelConfig) -> bool:
+    """Whether the blocks' and the final LayerNorms run the fused kernels
+    (``model.layernorm_kernel``; ``auto``: when the program is traced for a GPU)."""
+    return resolve(cfg.layernorm_kernel, "model.layernorm_kernel") == "pallas"
+
+
+class FusedLayerNorm(nn.Module):
+    """:func:`layer_norm` (its parameters ``scale`` and ``bias``, its numerics) over the fused
+    kernels (``kernels/layernorm/``): ``(s, y)`` with s = x + h (x when h is None) the residual
+    stream and y = LayerNorm(s) in the compute dtype, the dtype the next projection reads it in
+    (the same rounding as its cast of a float32 y). Only y with ``residual_out=False``. Returning
+    s lets the backward kernel add the residual's gradient in the same pass."""
+
+    config: ModelConfig
+    residual_out: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, h: jax.Array | None = None):
+        cfg = self.config
+        C = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (C,), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (C,), jnp.float32) if cfg.bias else None
+        return layernorm_ops.add_layer_norm(
+            x, h, scale, bias, eps=1e-5, out_dtype=cfg.dtype, kernel="pallas",
+            residual_out=self.residual_out,
+        )  # fmt: skip
 
 
 def retnet_gammas(n_head: int) -> np.ndarray:

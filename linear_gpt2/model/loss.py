@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from linear_gpt2.kernels import rows
+from linear_gpt2.kernels.cross_entropy import naive as ce_naive
 from linear_gpt2.platform.mesh import DATA, SEQ, sequence_shards
 
 F32 = jnp.float32
@@ -82,8 +84,10 @@ def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
     return x.reshape(n, chunk, x.shape[1]), targets.reshape(n, chunk)
 
 
-def _forward_and_partials(x, w, targets, chunk: int, dtype):
-    """Loss, dloss/dx ``[N, C]`` and dloss/dw ``[V, C]`` (float32), by chunks of tokens."""
+def _forward_and_partials(x, w, targets, chunk: int, dtype, kernel: str = "xla"):
+    """Loss, dloss/dx ``[N, C]`` and dloss/dw ``[V, C]`` (float32), by chunks of tokens. The
+    chunk's losses and d(mean nll)/d logits = (softmax - onehot) / count (0 where a target is
+    ignored) by ``kernel``: ``xla`` (the oracle's operations) or ``pallas`` (one kernel)."""
     N, C = x.shape
     V = w.shape[0]
     dt = jnp.dtype(dtype)
@@ -91,21 +95,19 @@ def _forward_and_partials(x, w, targets, chunk: int, dtype):
     count = jnp.maximum(counted(valid_all, x), 1.0)  # after the layers (counted)
     xs, ts = _chunks(x, targets, chunk)
     w_c = w.astype(dt)
+    if kernel == "pallas":
+        from linear_gpt2.kernels.cross_entropy import fused  # Pallas: imported when picked
+
+        nll_and_grad = fused.cross_entropy
+    else:
+        nll_and_grad = ce_naive.nll_and_grad
 
     def body(carry, inputs):
         loss_sum, dw = carry
         xc, tc = inputs  # [chunk, C], [chunk]
         xc_c = xc.astype(dt)
         logits = jnp.dot(xc_c, w_c.T, preferred_element_type=F32)  # [chunk, V]
-        valid = tc != IGNORE_INDEX
-        safe = jnp.where(valid, tc, 0)
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, safe[:, None], axis=-1)[:, 0]
-        nll = jnp.where(valid, log_z - picked, 0.0)
-        # d(mean nll)/d logits = (softmax - onehot) / count on counted tokens, 0 elsewhere.
-        p = jnp.exp(logits - log_z[:, None])
-        onehot = jnp.arange(V)[None, :] == safe[:, None]
-        dlogits = jnp.where(valid[:, None], (p - onehot) / count, 0.0)
+        nll, dlogits = nll_and_grad(logits, tc, count)
         # As autodiff of the plain head: float32 cotangent against the dtype operand, float32
         # result rounded to dtype (dx here, dw once at the end).
         dxc = jnp.dot(dlogits, w_c, preferred_element_type=F32).astype(dt)  # [chunk, C]
@@ -118,17 +120,17 @@ def _forward_and_partials(x, w, targets, chunk: int, dtype):
     return loss_sum / count, dx, dw.astype(dt).astype(F32)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _head_cross_entropy(x, w, targets, chunk: int, dtype: str):
-    return _forward_and_partials(x, w, targets, chunk, dtype)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _head_cross_entropy(x, w, targets, chunk: int, dtype: str, kernel: str):
+    return _forward_and_partials(x, w, targets, chunk, dtype, kernel)[0]
 
 
-def _fwd(x, w, targets, chunk, dtype):
-    loss, dx, dw = _forward_and_partials(x, w, targets, chunk, dtype)
+def _fwd(x, w, targets, chunk, dtype, kernel):
+    loss, dx, dw = _forward_and_partials(x, w, targets, chunk, dtype, kernel)
     return loss, (dx, dw, targets)
 
 
-def _bwd(chunk, dtype, residuals, g):
+def _bwd(chunk, dtype, kernel, residuals, g):
     dx, dw, targets = residuals
     g = g.astype(F32)
     # Integer targets take a float0 cotangent (JAX's convention for non-differentiable inputs).
@@ -140,30 +142,39 @@ _head_cross_entropy.defvjp(_fwd, _bwd)
 
 
 def head_cross_entropy(
-    x: jax.Array, w: jax.Array, targets: jax.Array, *, chunk: int, dtype="float32"
+    x: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    *,
+    chunk: int,
+    dtype="float32",
+    kernel: str = "xla",
 ) -> jax.Array:
     """Mean cross-entropy of the logits ``x @ w^T`` against ``targets`` (-1 ignored), by chunks
     of ``chunk`` tokens, without the full ``[N, V]`` logits; differentiable in x and w.
 
-    x ``[..., C]`` float32 hidden states (after the final LayerNorm), w ``[V, C]`` float32 (the
-    tied embedding), targets int ``[...]``; the matmuls run in ``dtype``. Equals
-    ``cross_entropy(einsum(x, w) in dtype -> float32, targets)``.
+    x ``[..., C]`` hidden states (after the final LayerNorm; float32, or the compute dtype), w
+    ``[V, C]`` float32 (the tied embedding), targets int ``[...]``; the matmuls run in ``dtype``.
+    Equals ``cross_entropy(einsum(x, w) in dtype -> float32, targets)``. ``kernel``: each
+    chunk's losses and gradient by XLA's operations (``xla``) or one Pallas kernel
+    (``pallas``, ``kernels/cross_entropy/``; then under a mesh of several devices each device
+    walks its own rows, as under context parallelism).
     """
     if chunk < 1:
         raise ValueError(f"loss chunk must be >= 1 token, got {chunk}")
-    if sequence_shards() > 1 and x.ndim == 3:
-        return _over_devices(x, w, targets, chunk, jnp.dtype(dtype).name)
-    return _local(x, w, targets, chunk, jnp.dtype(dtype).name)
+    if x.ndim == 3 and (sequence_shards() > 1 or (kernel == "pallas" and rows.split(x))):
+        return _over_devices(x, w, targets, chunk, jnp.dtype(dtype).name, kernel)
+    return _local(x, w, targets, chunk, jnp.dtype(dtype).name, kernel)
 
 
-def _local(x, w, targets, chunk: int, dtype: str) -> jax.Array:
+def _local(x, w, targets, chunk: int, dtype: str, kernel: str = "xla") -> jax.Array:
     C = x.shape[-1]
     x2, t2 = x.reshape(-1, C), targets.reshape(-1)
     chunk = min(chunk, x2.shape[0])
-    return _head_cross_entropy(x2.astype(F32), w.astype(F32), t2, chunk, dtype)
+    return _head_cross_entropy(x2.astype(F32), w.astype(F32), t2, chunk, dtype, kernel)
 
 
-def _over_devices(x, w, targets, chunk: int, dtype: str) -> jax.Array:
+def _over_devices(x, w, targets, chunk: int, dtype: str, kernel: str = "xla") -> jax.Array:
     """The chunked loss of x ``[B, T, C]`` split over the mesh's ``data`` and ``seq`` axes
     (context parallelism), each device walking its own rows and slice. The chunk scan must not
     see the sharded token axis: slicing it chunk by chunk made XLA gather the whole sequence's
@@ -171,10 +182,10 @@ def _over_devices(x, w, targets, chunk: int, dtype: str) -> jax.Array:
     sums and combined over the mesh."""
     mesh = jax.sharding.get_abstract_mesh()
     axes = tuple(a for a in (DATA, SEQ) if a in mesh.axis_names)
-    split = P(DATA if DATA in axes else None, SEQ)
+    split = P(DATA if DATA in axes else None, SEQ if SEQ in axes else None)
 
     def body(x, w, t):
-        mean = _local(x, w, t, chunk, dtype)  # 0 where nothing is counted
+        mean = _local(x, w, t, chunk, dtype, kernel)  # 0 where nothing is counted
         n = counted(t != IGNORE_INDEX, mean * jnp.ones(t.shape, F32))  # after the layers
         total = jax.lax.psum(mean * jnp.maximum(n, 1.0), axes)
         return total / jnp.maximum(jax.lax.psum(n, axes), 1.0)

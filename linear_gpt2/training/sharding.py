@@ -102,9 +102,12 @@ def global_batch(
 
 def traced_on(mesh: Mesh, fn):
     """``fn`` traced with ``mesh`` as the abstract mesh in context, so the attention sees the
-    ``seq`` axis it must cross (``platform.mesh.sequence_shards``); ``fn`` itself on a mesh
-    without one, so a run without context parallelism traces exactly as before."""
-    if SEQ not in mesh.axis_names:
+    ``seq`` axis it must cross (``platform.mesh.sequence_shards``) and, on GPUs, the row-wise
+    kernels the devices they run on (``kernels/rows.py``: per device, not gathered); ``fn``
+    itself on one device, or on CPUs without a ``seq`` axis, so that such a run traces exactly
+    as before."""
+    gpus = mesh.size > 1 and any(d.platform == "gpu" for d in mesh.devices.flat)
+    if SEQ not in mesh.axis_names and not gpus:
         return fn
 
     @functools.wraps(fn)

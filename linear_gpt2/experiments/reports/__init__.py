@@ -19,6 +19,7 @@ from linear_gpt2.experiments.reports import (  # noqa: F401  (each module regist
     mqar,
     plan,
     roofline,
+    step_glue,
     step_model,
     step_time,
 )
