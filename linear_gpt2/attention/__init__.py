@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from linear_gpt2.attention import feature_maps
 from linear_gpt2.attention.options import kwargs_for, validate, validate_context
 from linear_gpt2.attention.registry import UnknownAttentionError, family, names, spec
 from linear_gpt2.attention.spec import AttentionFn, AttentionSpec, Decoder
@@ -26,6 +27,7 @@ __all__ = [
     "UnknownAttentionError",
     "decoder",
     "family",
+    "feature_maps",
     "get",
     "names",
     "spec",

@@ -78,10 +78,12 @@ def make(
     chunk_size: int | str = 64,
     kernel: str = "auto",
     eps: float = 1e-6,
+    feature_dim: int = 0,
 ):
     """``fn(q, k, v) -> y``. ``chunk_size`` is the block size (any int >= 1 for xla, a power of
     two >= 16 for the Pallas kernels, where it caps their tiles), or ``"auto"``: chosen at trace
     time from the concrete shape by ``linear_gpt2.attention.autotune.best_chunk_size``."""
+    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
     phi = linear.check_feature_map(feature_map)
     kernels.check_kernel(kernel, "LT_attention_parallel", KERNELS)
     _check(dict(chunk_size=chunk_size, kernel=kernel))
@@ -147,7 +149,7 @@ SPEC = AttentionSpec(
     family="linear",
     make=make,
     flops=quadratic_flops,
-    options=("feature_map", "chunk_size", "kernel", "eps"),
+    options=("feature_map", "feature_dim", "chunk_size", "kernel", "eps"),
     kernels=KERNELS,
     make_decoder=linear.make_decoder,
     resets=True,

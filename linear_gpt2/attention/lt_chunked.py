@@ -84,11 +84,13 @@ def make(
     chunk_size: int | str = 64,
     kernel: str = "auto",
     eps: float = 1e-6,
+    feature_dim: int = 0,
 ):
     """``fn(q, k, v) -> y``. ``chunk_size``: an int dividing T (a power of two >= 16 for the
     fused kernels), or ``"auto"``: chosen when ``fn`` is traced, from the concrete shape, by
     ``linear_gpt2.attention.autotune.best_chunk_size`` (measured once per shape and device, then
     cached on disk)."""
+    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
     phi = linear.check_feature_map(feature_map)
     kernels.check_kernel(kernel, "LT_chunked", KERNELS)
     _check(dict(chunk_size=chunk_size, kernel=kernel))
@@ -178,7 +180,7 @@ SPEC = linear.spec(
     "LT_chunked",
     make,
     _flops,
-    options=("feature_map", "chunk_size", "kernel", "eps"),
+    options=("feature_map", "feature_dim", "chunk_size", "kernel", "eps"),
     kernels=KERNELS,
     check=_check,
     context_problem=_context_problem,

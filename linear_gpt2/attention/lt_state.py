@@ -27,8 +27,8 @@ F32 = jnp.float32
 def lt_state(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) by the recurrence.
     fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``kernels.forget.Forget``."""
-    B, T, H, D = fq.shape
-    state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
+    B, T, H, Dk = fq.shape
+    state = (jnp.zeros((B, H, Dk, v.shape[-1]), F32), jnp.zeros((B, H, Dk), F32))
 
     def body(state, x):
         out, state = state_step(state, *x)
@@ -42,7 +42,10 @@ def lt_state(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array,
     return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
 
 
-def make(feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6):
+def make(
+    feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6, feature_dim: int = 0
+):
+    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
     return linear.attention_fn("LT_state", lt_state, feature_map, kernel, eps)
 
 

@@ -75,8 +75,13 @@ def lt_state_parallel(
 
 
 def make(
-    feature_map: str = "softplus", kernel: str = "auto", scan: str = "cumsum", eps: float = 1e-6
+    feature_map: str = "softplus",
+    kernel: str = "auto",
+    scan: str = "cumsum",
+    eps: float = 1e-6,
+    feature_dim: int = 0,
 ):
+    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
     if scan not in SCANS:
         raise ValueError(
             f"LT_state_parallel: unknown scan {scan!r}; valid scans: {', '.join(SCANS)}"
@@ -89,6 +94,6 @@ SPEC = linear.spec(
     "LT_state_parallel",
     make,
     state_flops,
-    options=("feature_map", "kernel", "scan", "eps"),
+    options=("feature_map", "feature_dim", "kernel", "scan", "eps"),
     description="every state at once by a parallel prefix sum",
 )
