@@ -30,8 +30,12 @@ DECAYS = ("none", "fixed", "gate")
 class AttentionOptions:
     """Options shared by the attention variants; each variant reads only those its spec lists."""
 
-    # Positive feature map phi applied to q and k by the linear variants.
+    # Feature map phi applied to q and k by the linear variants (attention/feature_maps.py):
+    # elementwise (softplus, elu1, relu, exp) or expanding (taylor2, power2, rebased).
     feature_map: str = "softplus"
+    # Dimension of q and k per head for the linear variants: the layer projects them to it
+    # (Based's 16 before its Taylor map); 0 = the head dim.
+    feature_dim: int = 0
     # Chunk size c of LT_chunked (and block size of the blocked LT_attention_parallel): an int,
     # or "auto" (measured per shape and device at trace time, cached; attention/autotune.py).
     chunk_size: int | str = 64
@@ -59,6 +63,19 @@ def _check_chunk_size(value: Any, key: str) -> None:
     check(ok, key, f"must be an int >= 1 or 'auto', got {value!r}")
 
 
+def _check_feature_dim(value: Any, spec, name: str, prefix: str) -> None:
+    key = f"{prefix}feature_dim"
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    check(ok, key, f"must be an int >= 0 (0: the head dim), got {value!r}")
+    check(
+        value == 0 or "feature_dim" in spec.options,
+        key,
+        f"{name!r} projects no features (it reads no feature map); use one of "
+        f"{', '.join(registry.names_where(lambda s: 'feature_dim' in s.options))}, "
+        "or feature_dim=0",
+    )
+
+
 def validate(
     name: str,
     options: Mapping[str, Any],
@@ -76,6 +93,7 @@ def validate(
     except ValueError as e:
         raise ConfigError(f"{name_key}: {e}") from None
     check_choice(options["feature_map"], f"{prefix}feature_map", list(FEATURE_MAPS))
+    _check_feature_dim(options["feature_dim"], spec, name, prefix)
     check_choice(options["scan"], f"{prefix}scan", SCANS)
     _check_chunk_size(options["chunk_size"], f"{prefix}chunk_size")
     check(options["eps"] >= 0.0, f"{prefix}eps", f"must be >= 0, got {options['eps']}")
