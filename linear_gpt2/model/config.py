@@ -109,8 +109,10 @@ class ArchConfig:
 
     @property
     def is_gpt2(self) -> bool:
-        """The architecture nanoGPT and Hugging Face GPT-2 can represent (MLP, no convolution)."""
-        return self.mlp and self.short_conv == 0
+        """The architecture nanoGPT and Hugging Face GPT-2 can represent (MLP, no convolution,
+        q and k of the head dim without a normalisation of their own)."""
+        extra = getattr(self, "feature_dim", 0) or getattr(self, "qk_layer_norm", False)
+        return self.mlp and self.short_conv == 0 and not extra
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,20 @@ class ModelConfig(AttentionOptions, ArchConfig):
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def qk_dim(self) -> int:
+        """The dimension of q and k per head: ``feature_dim`` when set (the linear family's
+        projection, Based's 16), else the head dim."""
+        return self.feature_dim or self.head_dim
+
+    @property
+    def qk_layer_norm(self) -> bool:
+        """Whether the attention layer normalises q and k with a learned affine before the
+        feature map (ReBased's gamma * LayerNorm(x) + beta: ``feature_map: rebased``)."""
+        if "feature_map" not in self.spec.options:
+            return False
+        return attention.feature_maps.get(self.feature_map).layer_norm
 
     def attention_options(self) -> dict[str, Any]:
         """The attention options, shared and the variant's own, as keyword arguments for

@@ -42,7 +42,14 @@ from jax.ad_checkpoint import checkpoint_name
 from linear_gpt2 import attention
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
-from linear_gpt2.model.layers import GateProjection, ShortConv, dense, layer_norm, retnet_gammas
+from linear_gpt2.model.layers import (
+    GateProjection,
+    ShortConv,
+    dense,
+    layer_norm,
+    qk_norm,
+    retnet_gammas,
+)
 from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
 from linear_gpt2.model.tokenizer import EOT
 
@@ -95,8 +102,16 @@ class CausalSelfAttention(nn.Module):
                     "model.short_conv has no incremental decoder; sample from a model without it"
                 )
             x = ShortConv(cfg.short_conv, name="conv")(x, resets)
-        qkv = dense(cfg, 3 * C, "c_attn")(x)
-        q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
+        # q and k have cfg.qk_dim per head: D, or attention.feature_dim, the linear family's
+        # projection to fewer dimensions before the feature map (Based's proj_q, proj_k).
+        Dk = cfg.qk_dim
+        qkv = dense(cfg, 2 * H * Dk + C, "c_attn")(x)
+        q, k, v = jnp.split(qkv, [H * Dk, 2 * H * Dk], axis=-1)
+        q, k, v = q.reshape(B, T, H, Dk), k.reshape(B, T, H, Dk), v.reshape(B, T, H, D)
+        if cfg.qk_layer_norm:  # ReBased: gamma * LayerNorm(x) + beta on q and k, per head
+            q, k = (
+                qk_norm(name)(t).astype(t.dtype) for name, t in (("ln_q", q), ("ln_k", k))
+            )
         forget: dict[str, Any] = {}
         if resets is not None:
             forget["resets"] = resets

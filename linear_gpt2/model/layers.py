@@ -1,6 +1,7 @@
 """The building blocks of the GPT-2 modules beyond attention: nanoGPT's dense and LayerNorm
-layers, the decay gate's projection (``attention.decay: gate``) and the short convolution of the
-synthetic-task models (``model.short_conv``)."""
+layers, the decay gate's projection (``attention.decay: gate``), ReBased's normalisation of q
+and k (``attention.feature_map: rebased``) and the short convolution of the synthetic-task
+models (``model.short_conv``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,21 @@ def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=1e-5,
         use_bias=cfg.bias,
+        use_fast_variance=False,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        name=name,
+    )
+
+
+def qk_norm(name: str) -> nn.LayerNorm:
+    """ReBased's normalisation of q or k ``[B, T, H, Dk]`` before its feature map: LayerNorm over
+    each head's Dk features (eps 1e-5, two-pass variance, float32) with a learned scale and
+    shift per head and feature, ``[H, Dk]`` (torch's default init: 1 and 0)."""
+    return nn.LayerNorm(
+        epsilon=1e-5,
+        reduction_axes=-1,
+        feature_axes=(-2, -1),
         use_fast_variance=False,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
