@@ -75,7 +75,7 @@ def _products(x: jax.Array, diag: float, off: float) -> jax.Array:
     elsewhere."""
     d = x.shape[-1]
     a, b = pairs(d)
-    w = np.where(a == b, diag, off).astype(np.float32)
+    w = np.where(a == b, diag, off)
     return x[..., a] * x[..., b] * jnp.asarray(w, x.dtype)
 
 

@@ -95,7 +95,7 @@ def make(
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
         name = kernels.resolve_kernel(
-            kernel, "LT_attention_parallel", KERNELS, chunk_size, q.shape[-1]
+            kernel, "LT_attention_parallel", KERNELS, chunk_size, v.shape[-1]
         )
         plain, forgetting = IMPLEMENTATIONS[name]
         T = q.shape[1]

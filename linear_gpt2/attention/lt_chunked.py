@@ -110,7 +110,7 @@ def make(
         the state the earlier slices leave, ``kernels/context.py``)."""
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
-        impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size, q.shape[-1])
+        impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size, v.shape[-1])
         if impl == "triton" and context_parallel:
             raise NotImplementedError(
                 "LT_chunked kernel=triton takes no initial state, so not context parallelism; "
