@@ -148,3 +148,11 @@ def get(name: str | FeatureMap) -> FeatureMap:
 def key_dim(feature_map: str, d: int) -> int:
     """d': the dimension of phi(q), phi(k) for inputs of dimension d."""
     return get(feature_map).dim(d)
+
+
+def key_features(D: int, options) -> int:
+    """d' of a variant's ``options`` at head dim D: its feature map's features of q, k of
+    ``feature_dim`` (or D) dimensions; D for a variant without a feature map (softmax)."""
+    if "feature_map" not in options:
+        return D
+    return key_dim(options["feature_map"], int(options.get("feature_dim") or 0) or D)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
-from linear_gpt2.attention import autotune, linear
+from linear_gpt2.attention import autotune, feature_maps, linear
 from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
 from linear_gpt2.kernels.context import entering_state, slice_state
 from linear_gpt2.kernels.lt_chunked import FUSED, NAMES
@@ -148,11 +148,13 @@ def make(
 
 
 def _flops(T: int, H: int, D: int, options: Mapping[str, Any]) -> float:
-    """Attention inside the chunk (4 c D) and the state read and update (4 D^2) per head; an
-    ``auto`` chunk size is counted at 64, its usual choice."""
+    """Attention inside the chunk (2 c d' + 2 c D) and the state read and update (4 d' D) per
+    head, d' the features of q and k (D for the elementwise maps); an ``auto`` chunk size is
+    counted at 64, its usual choice."""
     chunk = options.get("chunk_size", 64)
     c = min(64 if chunk == "auto" else int(chunk), T)
-    return H * (4 * c * D + 4 * D * D)
+    d = feature_maps.key_features(D, options)
+    return H * (2 * c * (d + D) + 4 * d * D)
 
 
 def _context_problem(T: int, options: Mapping[str, Any]) -> str | None:
