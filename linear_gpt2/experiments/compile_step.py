@@ -119,6 +119,8 @@ class StepReport:
     # Per kind and mesh axis, what the step's collectives send per device (``collectives``);
     # empty on a one-device target.
     collectives: list[dict] = dataclasses.field(default_factory=list)
+    # The chosen setting's optimized HLO text (``keep_hlo``; what ``hlo_costs`` prices).
+    hlo_text: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -154,6 +156,7 @@ def compile_train_step(
     budget_bytes: int | None = None,
     start_rung: int = 0,
     context_parallel: int = 1,
+    keep_hlo: bool = False,
 ) -> StepReport:
     """Compile the trainer's step (``train_step.jit_train_step``: clip + AdamW, state donated)
     for ``cfg`` (a ``ModelConfig``) on ``target``: ``accum`` micro-steps of ``batch`` sequences
@@ -161,7 +164,8 @@ def compile_train_step(
     ``remat`` / ``loss_chunk`` ``auto`` are resolved by ``memory_plan.plan`` against the target's
     budget (or ``budget_bytes``); the report is that of the chosen setting. ``context_parallel``
     splits each sequence over that many devices (``train.context_parallel``): the memory
-    reported is then one device's, holding ``context / context_parallel`` positions."""
+    reported is then one device's, holding ``context / context_parallel`` positions. With
+    ``keep_hlo`` the report keeps the chosen program's optimized HLO text."""
     t = get(target)
     budget = t.budget_bytes if budget_bytes is None else budget_bytes
     tx = optimizer(TrainConfig())
@@ -185,7 +189,7 @@ def compile_train_step(
         )
         assert isinstance(report, CompileReport)
         reports[c] = report
-        if t.n_devices > 1:
+        if t.n_devices > 1 or keep_hlo:
             hlo[c] = compiled.as_text()
         return report.memory, None
 
@@ -206,8 +210,9 @@ def compile_train_step(
         context or cfg.block_size,
         context_parallel,
         collectives.summary(collectives.collectives(hlo[chosen.config], t.n_devices))
-        if chosen.config in hlo
+        if chosen.config in hlo and t.n_devices > 1
         else [],
+        hlo.get(chosen.config) if keep_hlo else None,
     )
 
 
