@@ -214,6 +214,15 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     assert mqar.recipe({"data.mqar.train_examples": 200000}) == "200000 train examples"
     zoo = {"model.identity_state_mixer": True, "model.bias": True}
     assert mqar.recipe(zoo) == "biases True, x + ln_2(x) blocks"
+    # Based's recipe at Zoology's cells (issue 39): the projection in the name, the short
+    # convolution a departure there, the state as Zoology counts it (153 features x 64 + 153).
+    based = {"attention.name": "LT_chunked", "attention.feature_map": "taylor2",
+             "attention.feature_dim": 16, "model.short_conv": 3, "model.n_embd": 64,
+             "model.n_head": 1, "data.context": 64, "log.wandb_group": "mqar-zoology"}  # fmt: skip
+    assert mqar.variant(based) == "LT_chunked/taylor2(16)" and mqar.recipe(based) == "short conv 3"
+    assert mqar.recipe({**based, "log.wandb_group": "mqar-rebased"}) == "base"
+    assert mqar.state_floats(based) == 64 * 153 + 153
+    assert mqar.state_floats({**based, "attention.name": "softmax"}) == 2 * 64 * 64
     # Random fill is another task: its own row, never the zero-filled cell's best run.
     fill = {"attention.name": "softmax", "data.mqar.random_non_queries": True}
     assert mqar.variant(fill) == "softmax (random fill)" and mqar.recipe(fill) == "base"

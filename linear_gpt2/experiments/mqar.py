@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from linear_gpt2 import attention as attention_registry
+from linear_gpt2.attention import feature_maps
 from linear_gpt2.experiments.plots import pyplot, save
 from linear_gpt2.experiments.reports import mqar as report
 from linear_gpt2.experiments.reports.core import block, page
@@ -59,6 +60,13 @@ PUBLISHED: dict[str, dict[str, dict[int, float]]] = {
     "mqar-rebased": {
         "attention + conv (ReBased fig. 1)": {128: 1.0, 256: 1.0, 512: 1.0, 1024: 1.0},
         "Based (ReBased fig. 1)": {128: 1.0, 256: 0.98, 512: 0.89, 1024: 0.33},
+        # Read off the figure's d_model 64 markers (corl-team/rebased main_fig.png), +-0.01.
+        "ReBased (ReBased fig. 1, read off the figure)": {
+            128: 1.0,
+            256: 0.98,
+            512: 0.89,
+            1024: 0.55,
+        },
     },
 }
 SOURCES = {
@@ -77,6 +85,8 @@ def variant(config: dict[str, Any]) -> str:
     name = str(config.get("attention.name"))
     if attention_registry.family(name, default="other") != "softmax":
         name += f"/{config.get('attention.feature_map', 'softplus')}"
+        if config.get("attention.feature_dim"):  # q, k projected to it (Based's 16)
+            name += f"({config['attention.feature_dim']})"
         if config.get("attention.decay") not in (None, "none"):
             name += f"+{config['attention.decay']}"
     if config.get("data.mqar.random_non_queries"):
@@ -103,6 +113,8 @@ def recipe(config: dict[str, Any]) -> str:
     train examples"``; ``"base"`` when none. At least 10^8 training examples read as fresh data
     (each example is drawn once in any feasible run)."""
     parts = []
+    if protocol_of(config) == "mqar-zoology" and config.get("model.short_conv"):
+        parts.append(f"short conv {config['model.short_conv']}")  # Zoology's cells have none
     for key, base, label in RECIPE_KEYS:
         value = config.get(key, base)
         if value is None or value == base:
@@ -112,6 +124,23 @@ def recipe(config: dict[str, Any]) -> str:
         else:
             parts.append(label.format(f"{value:g}" if _num(value) else value))
     return ", ".join(parts) or "base"
+
+
+def state_floats(config: dict[str, Any]) -> int:
+    """The recurrent state of one attention layer, in floats, as Zoology counts it (its mixers'
+    ``state_size``: Based's ``H (D d' + d')``, attention's KV cache ``2 L d_model``): the linear
+    family's ``S [d', D]`` and ``z [d']`` per head, d' the feature map's features of the q, k
+    dimension; softmax's keys and values of all L positions."""
+    C, H = int(config["model.n_embd"]), int(config.get("model.n_head") or 1)
+    name = str(config.get("attention.name"))
+    if attention_registry.family(name, default="other") == "softmax":
+        return 2 * int(config["data.context"]) * C
+    D = C // H
+    d = feature_maps.key_dim(
+        str(config.get("attention.feature_map") or "softplus"),
+        int(config.get("attention.feature_dim") or 0) or D,
+    )
+    return H * (D * d + d)
 
 
 def evaluated_examples(config: dict[str, Any]) -> int:
@@ -160,6 +189,7 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 seed=int(c.get("seed", 0)),
                 batch=int(c["train.tokens_per_update"]) // int(c["data.context"]),
                 recipe=recipe(c),
+                state_floats=state_floats(c),
                 max_steps=int(c["train.max_steps"]),
                 steps=int(steps[-1]) if steps else 0,
                 reached_target=bool(target is not None and final is not None and final >= target),

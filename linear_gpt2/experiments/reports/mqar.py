@@ -48,6 +48,13 @@ def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     )
 
 
+def _state(r: dict[str, Any]) -> str:
+    """The layer's recurrent state in floats (Zoology's state size; rows written before the
+    column: blank)."""
+    n = r.get("state_floats")
+    return "" if n is None else f"{n:,}"
+
+
 def _fmt(v: float | None) -> str:
     return "" if v is None else f"{v:.{DECIMALS}f}"
 
@@ -90,8 +97,9 @@ def markdown(
         "8192-way vocabulary) on the first 'test examples' of the test split (as many as the run's "
         "evaluation read), one seed and one learning rate per run, stopped at 99% as the papers "
         "stop; where a cell has several runs (settings below) it shows the best. Recipe: the run's "
-        "departures from configs/mqar/base.yaml. Published: best over the papers' learning-rate "
-        "sweeps.",
+        "departures from configs/mqar/base.yaml. State / layer: one attention layer's recurrent "
+        "state in floats as Zoology counts it (linear: H (D d' + d'), d' features; softmax: the "
+        "2 L d_model of its KV cache). Published: best over the papers' learning-rate sweeps.",
         "",
     ]
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
@@ -102,10 +110,10 @@ def markdown(
         lines += [cells_table(mine, published.get(protocol, {})), "", "Settings of our runs:", ""]
         lines += [
             table(
-                ["attention", "L", "N", "lr", "seed", "batch", "recipe", "steps (max)",
-                 "stopped at 99%", "accuracy (best)", "test examples", "train s"],
+                ["attention", "L", "N", "lr", "seed", "batch", "recipe", "state / layer",
+                 "steps (max)", "stopped at 99%", "accuracy (best)", "test examples", "train s"],
                 [[r["attention"], r["L"], r["N"], f"{r['lr']:g}", r["seed"], r["batch"],
-                  r.get("recipe", "base"), f"{r['steps']} ({r['max_steps']})",
+                  r.get("recipe", "base"), _state(r), f"{r['steps']} ({r['max_steps']})",
                   "yes" if r["reached_target"] else "no",
                   f"{_fmt(r['accuracy'])} ({_fmt(r['best_accuracy'])})", r["test_examples"],
                   f"{r['train_seconds']:.0f}"] for r in mine],
