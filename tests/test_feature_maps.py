@@ -93,9 +93,7 @@ def inputs(B, T, H, Dk, Dv, seed=0, forget=False):
     # q . k kept away from 0 (an offset shared by q and k): the power kernels' scores of
     # near-orthogonal pairs are sums of cancelling float32 products, and a row of only such
     # scores has a denominator near eps, where any two summation orders differ.
-    q, k = (
-        (0.7 * rng.standard_normal((B, T, H, Dk)) + 0.4).astype(np.float32) for _ in range(2)
-    )
+    q, k = ((0.7 * rng.standard_normal((B, T, H, Dk)) + 0.4).astype(np.float32) for _ in range(2))
     v, dy = (rng.standard_normal((B, T, H, Dv)).astype(np.float32) for _ in range(2))
     log_gate = resets = None
     if forget:

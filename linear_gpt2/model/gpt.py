@@ -109,9 +109,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = jnp.split(qkv, [H * Dk, 2 * H * Dk], axis=-1)
         q, k, v = q.reshape(B, T, H, Dk), k.reshape(B, T, H, Dk), v.reshape(B, T, H, D)
         if cfg.qk_layer_norm:  # ReBased: gamma * LayerNorm(x) + beta on q and k, per head
-            q, k = (
-                qk_norm(name)(t).astype(t.dtype) for name, t in (("ln_q", q), ("ln_k", k))
-            )
+            q, k = (qk_norm(name)(t).astype(t.dtype) for name, t in (("ln_q", q), ("ln_k", k)))
         forget: dict[str, Any] = {}
         if resets is not None:
             forget["resets"] = resets

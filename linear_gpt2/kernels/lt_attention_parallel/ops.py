@@ -139,9 +139,7 @@ def _block_kernels(design: tuple, c: int, eps: float):
         dq32 = out[0]
         if gate is None:
             return dq32.astype(fq.dtype), out[1], out[2], None
-        dL = jnp.einsum("bthd,bthd->bth", fq.astype(jnp.float32), dq32) - jnp.swapaxes(
-            out[3], 1, 2
-        )
+        dL = jnp.einsum("bthd,bthd->bth", fq.astype(jnp.float32), dq32) - jnp.swapaxes(out[3], 1, 2)
         return dq32.astype(fq.dtype), out[1], out[2], dL
 
     return forward, backward, t.pad
