@@ -71,12 +71,17 @@ def pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _products(x: jax.Array, diag: float, off: float) -> jax.Array:
-    """``[..., d (d + 1) / 2]``: x_a x_b for a <= b, times ``diag`` where a = b and ``off``
-    elsewhere."""
+    """``[..., d (d + 1) / 2]``: x_a x_b for a <= b (in :func:`pairs`' order), times ``diag``
+    where a = b and ``off`` elsewhere. Built row by row from slices, x_a x[a:], rather than by
+    gathering the pairs: the gather's transpose is a scatter, which made the map 1.6x slower
+    forward and backward on the CPU at Based's d = 16."""
     d = x.shape[-1]
-    a, b = pairs(d)
-    w = np.where(a == b, diag, off)
-    return x[..., a] * x[..., b] * jnp.asarray(w, x.dtype)
+    rows = []
+    for a in range(d):
+        w = np.full(d - a, off)
+        w[0] = diag
+        rows.append(x[..., a : a + 1] * x[..., a:] * jnp.asarray(w, x.dtype))
+    return jnp.concatenate(rows, axis=-1)
 
 
 def taylor2(x: jax.Array) -> jax.Array:
