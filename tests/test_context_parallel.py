@@ -56,7 +56,8 @@ def test_model_under_context_parallelism_equals_one_device(variant):
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     forgets = {(r["doc_reset"], r["decay"]) for r in rows}
     expected = 2 if variant in ("flash-xla", "LT_chunked-pallas-taylor2") else 4
-    assert len(rows) == 6 * len(forgets) and len(forgets) == expected
+    meshes = 1 if variant == "LT_chunked-pallas-taylor2" else 6  # taylor2: seq = 8 only
+    assert len(rows) == meshes * len(forgets) and len(forgets) == expected
     for r in rows:
         assert r["seq_collectives"] > 0, r  # the attention did cross the slices
         assert r["loss"] <= 1e-6 and r["grads"] <= 1e-5, r
