@@ -196,6 +196,12 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 accuracy=final,
                 best_accuracy=max(a for _, a in accs) if accs else None,
                 test_examples=evaluated_examples(c),
+                # every evaluation: [update, held-out loss, held-out accuracy]
+                curve=[
+                    [r["step"], r.get("val_loss"), r["val_acc"]]
+                    for r in run.records
+                    if _num(r.get("val_acc"))
+                ],  # fmt: skip
                 train_seconds=round(sum(times), 1),
                 run=run.name,
                 # The commit of the run's last start (run_info.jsonl); None for older runs.
@@ -288,11 +294,11 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "json", "md", "png")}
-    fields = list(dict.fromkeys(k for r in rows for k in r)) or [
+    fields = list(dict.fromkeys(k for r in rows for k in r if k != "curve")) or [
         "protocol", "L", "N", "attention", "accuracy"
     ]  # fmt: skip
     with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     published = {
@@ -307,7 +313,29 @@ def write_report(
     machine = meta.get("machine", "this machine")
     title = f"ours: measured on {machine} (steps and settings: {name}.md); published: dashed"
     plot(rows, paths["png"], title=title)
+    if any(r.get("curve") for r in rows):
+        paths["curves"] = plot_curves(rows, out / f"{name}_curves.png")
     return paths
+
+
+def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Held-out accuracy against updates of the runs that recorded their evaluations, one panel
+    per (protocol, L)."""
+    plt = pyplot()
+    mine = [r for r in rows if r.get("curve")]
+    cells = sorted({(r["protocol"], r["L"]) for r in mine})
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.5 * len(cells), 3.6), squeeze=False)
+    for ax, (protocol, L) in zip(axes[0], cells):
+        for r in (r for r in mine if (r["protocol"], r["L"]) == (protocol, L)):
+            steps, _, acc = zip(*r["curve"])
+            ax.plot(steps, acc, label=f"{r['attention']} lr {r['lr']:g}")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("update")
+        ax.set_ylabel("held-out accuracy")
+        ax.set_title(f"{protocol} L={L}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    return save(fig, path)
 
 
 def read_report(path: str | Path) -> dict[str, Any]:

@@ -120,9 +120,36 @@ def markdown(
             ),
             "",
         ]  # fmt: skip
+    curves = [r for r in rows if r.get("curve")]
+    if curves:
+        lines += ["## Held-out accuracy during training", "",
+                  "Runs that recorded their evaluations (report rows since issue 39): the "
+                  "held-out accuracy (and loss) at the evaluation nearest each update.", "",
+                  curves_table(curves), ""]  # fmt: skip
     if meta.get("notes"):
         lines += ["## Notes", "", *(f"- {fill(n, rows)}" for n in meta["notes"]), ""]
     return "\n".join(lines)
+
+
+CURVE_STEPS = (100, 250, 500, 1000, 1500, 2000, 3000)
+
+
+def curves_table(rows: Sequence[dict[str, Any]]) -> str:
+    """One row per run: accuracy (held-out loss) at :data:`CURVE_STEPS` it reached."""
+    steps = [s for s in CURVE_STEPS if any(r["curve"][-1][0] >= s for r in rows)]
+
+    def at(r: dict[str, Any], s: int) -> str:
+        if r["curve"][-1][0] < s:
+            return ""
+        step, loss, acc = min(r["curve"], key=lambda e: abs(e[0] - s))
+        return f"{acc:.3f} ({loss:.2f})" if loss is not None else f"{acc:.3f}"
+
+    return table(
+        ["protocol", "attention", "L", "lr", "recipe", *(f"{s}" for s in steps), "last"],
+        [[r["protocol"], r["attention"], r["L"], f"{r['lr']:g}", r.get("recipe", "base"),
+          *(at(r, s) for s in steps),
+          f"{r['curve'][-1][2]:.3f} at {r['curve'][-1][0]}"] for r in rows],
+    )  # fmt: skip
 
 
 def cells_table(mine: Sequence[dict[str, Any]], published: dict[str, dict[int, float]]) -> str:
