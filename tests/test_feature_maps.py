@@ -136,13 +136,17 @@ def check(name, fm, shape, forget=False, seed=0, **options):
 
 
 @pytest.mark.parametrize("fm", EXPANDING)
-def test_map_gives_its_kernel_and_dimension(fm):
+def test_map_gives_its_kernel_and_dimension(fm, monkeypatch):
     rng = np.random.default_rng(1)
     for d in (1, 3, 16):
         x, y = rng.standard_normal((2, 5, d))
         m = feature_maps.get(fm)
         with jax.enable_x64(True):
             px, py = (np.asarray(m(jnp.asarray(a))) for a in (x, y))
+            # the GPU's construction (a gather of the pairs) gives the same features
+            with monkeypatch.context() as mp:
+                mp.setattr(feature_maps, "compiling_for_gpu", lambda: True)
+                np.testing.assert_array_equal(np.asarray(m(jnp.asarray(x))), px)
         assert px.shape == (5, m.dim(d))
         np.testing.assert_allclose((px * py).sum(-1), kernel(fm, (x * y).sum(-1), d), rtol=1e-12)
     assert feature_maps.get("taylor2").dim(16) == 153  # Based's 16-dim projection

@@ -94,3 +94,39 @@ def page(raw: Raw) -> str:
             "",
         ]  # fmt: skip
     return "\n".join(lines).rstrip()
+
+
+@renderer("feature_map_cost.table")
+def summary_table(raw: Raw) -> str:
+    """One row per feature map (and flash), one column per context: the modelled step in ms,
+    its ratio to softplus's, and the compiled memory (docs/results.md)."""
+    d = raw.data
+    points, cached = d["points"], d.get("cached", {})
+    contexts = sorted({p["context"] for p in points.values()})
+    rows = []
+    f = [cached.get(f"flash:{T}") for T in contexts]
+    rows.append(["`flash` (measured; MODEL)", *(
+        "" if x is None else f"{x['measured_ms']:.1f}; {x['modelled_ms']:.1f}, "
+        f"{gib(x['memory_bytes'], 1)} GiB" for x in f)])  # fmt: skip
+    for fm, fdim in d["meta"]["settings"]["maps"].items():
+        cells = []
+        for T in contexts:
+            p = points.get(f"{fm}:{T}")
+            base = points.get(f"softplus:{T}", {}).get("modelled_ms")
+            if p is None:
+                cells.append("")
+            elif "error" in p:
+                cells.append("does not compile")
+            else:
+                rel = f" ({p['modelled_ms'] / base:.2f}x)" if base and fm != "softplus" else ""
+                cells.append(
+                    f"{p['modelled_ms']:.1f}{rel}, {gib(p['memory_bytes'], 1)} GiB"
+                    + ("" if p["fits"] else " (over)")
+                )
+        label = f"`{fm}`" + (f" (feature_dim {fdim})" if fdim else "")
+        rows.append([label, *cells])
+    return table(
+        ["feature map", *(f"{context_label(T)}: step ms, MODEL (x softplus), memory"
+                          for T in contexts)],
+        rows,
+    )  # fmt: skip
