@@ -242,9 +242,7 @@ def test_single_pass_refuses_wider_keys_and_pallas_takes_them():
     v = jnp.zeros((1, 32, 1, 16))
     with pytest.raises(NotImplementedError, match="pallas_fused_chunk.*keys wider than the values"):
         chunked_ops.chunked_attention(x, x, v, 16, EPS, kernel="pallas_fused_chunk")
-    assert chunked_ops.choose("pallas", 1, 32, 3, 16, 16, jnp.float32, key_blocks=3) == (
-        "pallas_chunk"
-    )
+    assert chunked_ops.choose("pallas", 1, 32, 3, 16, 16, jnp.float32, nk=3) == ("pallas_chunk")
 
 
 # --------------------------------------------------------------------------------------------

@@ -369,21 +369,21 @@ _LOGGED: set = set()
 
 def choose(
     kernel: str, B: int, T: int, H: int, D: int, c: int, dtype, forget: bool = False,
-    key_blocks: int = 1,
+    nk: int = 1,
 ) -> str:  # fmt: skip
     """The design behind ``kernel`` at this (padded) shape: ``pallas`` asks the cost model
     (``cost.choose``) and logs the choice once per shape; the explicit names are returned. With
-    forgetting (resets / decay gates), or keys wider than the values (``key_blocks`` > 1, an
+    forgetting (resets / decay gates), or keys wider than the values (``nk`` > 1 key blocks, an
     expanding feature map), ``pallas`` is the chunk-parallel design, the only one that takes
     them; the single pass is a one-line error."""
     if kernel not in NAMES:
         raise ValueError(f"LT_chunked: unknown Pallas kernel {kernel!r}; valid: {', '.join(NAMES)}")
-    if forget or key_blocks > 1:
+    if forget or nk > 1:
         if kernel == FUSED:
             what = (
                 "attention.doc_reset / attention.decay"
                 if forget
-                else f"keys wider than the values ({key_blocks} blocks: an expanding feature map)"
+                else f"keys wider than the values ({nk} blocks: an expanding feature map)"
             )
             raise NotImplementedError(
                 f"LT_chunked: kernel={FUSED!r} does not support {what} yet; use "
