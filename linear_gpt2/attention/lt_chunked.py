@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from linear_gpt2 import kernels
 from linear_gpt2.attention import autotune, feature_maps, linear
 from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
+from linear_gpt2.kernels import key_blocks
 from linear_gpt2.kernels.context import entering_state, slice_state
 from linear_gpt2.kernels.lt_chunked import FUSED, NAMES
 from linear_gpt2.kernels.lt_chunked.naive import chunked_linear_attention
@@ -175,7 +176,8 @@ def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
 
     B, T, H, D = shape
     Tp = -(-T // c) * c
-    return ops.choose(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype)
+    nk = key_blocks.plan(feature_maps.key_features(D, options), D)[1]
+    return ops.choose(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype, nk=nk)
 
 
 SPEC = linear.spec(
