@@ -365,6 +365,15 @@ def test_mqar_probe_reads_the_library_model_and_measures_its_heads(tmp_path, cap
     # a model with biases is refused with the fix named
     with pytest.raises(ValueError, match="without biases"):
         probe.reference_params(init_params(cfg.replace(bias=True), 0))
+    # Based's recipe (issue 39): short convolution, q and k of 4 dims, the Taylor kernel
+    based = cfg.replace(attention="LT_chunked", chunk_size=8, feature_map="taylor2",
+                        feature_dim=4, short_conv=3)  # fmt: skip
+    bp = jax.tree_util.tree_map(lambda a: a * 5 if a.ndim >= 2 else a, init_params(based, 4))
+    _, _, logits = probe.attention(probe.reference_params(bp, based), x)
+    ours = np.asarray(forward(bp, x[None], based))[0]
+    assert np.linalg.norm(logits - ours) / np.linalg.norm(ours) < 1e-5
+    with pytest.raises(ValueError, match="short convolution"):  # softmax with one: refused
+        probe.reference_params(init_params(cfg.replace(short_conv=3), 0))
     # The table: one column per run, one row per statistic.
     md = probe.markdown(
         [
