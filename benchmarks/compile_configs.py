@@ -113,4 +113,7 @@ def _write(out: Path, stem: str, t, env: dict, rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

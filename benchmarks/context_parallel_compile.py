@@ -27,7 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import linear_gpt2  # noqa: E402, F401  (before JAX starts its backends)
 from linear_gpt2.experiments import collectives, compile_step, reports  # noqa: E402
 from linear_gpt2.model import count_params, init_params  # noqa: E402
 from linear_gpt2.platform import provenance  # noqa: E402
@@ -57,9 +56,9 @@ def model_bytes(cfg, n_params: int, devices: int) -> dict[str, float | str]:
     m, n = cfg.model_config, cfg.train.context_parallel
     B, T, H, D = cfg.train.micro_batch, cfg.data.context, m.n_head, m.n_embd // m.n_head
     if m.spec.family == "softmax":
-        from linear_gpt2.attention.flash_context import modelled_ring_bytes
+        from linear_gpt2.kernels.flash.ring import modelled_ring_bytes
 
-        layout = dict(m.attention_extra).get("ring", "zigzag")
+        layout = m.ring
         ring = modelled_ring_bytes(B, T, H, D, n, 2 if m.dtype == "bfloat16" else 4, layout)
         forward, backward = ring["forward"], ring["backward"]
         what = "ring: (N-1)/N of K and V per layer forward; K, V and float32 dK, dV backward"
@@ -179,4 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     sys.exit(main())

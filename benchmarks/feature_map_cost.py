@@ -127,7 +127,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     kernel_report.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
 
-    import linear_gpt2  # noqa: F401
     from linear_gpt2.experiments import reports
     from linear_gpt2.platform import provenance
 
@@ -169,4 +168,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

@@ -4,7 +4,7 @@ over the 8 GPUs of one H100 node (mesh data=1 x seq=8), compiled on this (CPU) m
 ``h100x8`` target (deviceless XLA; nothing runs).
 
 ``kernel=auto`` resolves, for the target's GPUs, to ring attention with cuDNN blocks
-(attention/flash_context.py). Per context and ring layout (``zigzag``, the balanced default, and
+(kernels/flash/ring.py). Per context and ring layout (``zigzag``, the balanced default, and
 ``contiguous``): the per-device memory XLA's buffer assignment gives, the collective-permutes of
 the compiled program (their per-hop bytes, from its HLO), the MODEL of the bytes one device sends
 per layer, and the MODEL of the attention work on the ring's critical path.
@@ -30,9 +30,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-import linear_gpt2  # noqa: E402, F401  (before JAX starts its backends)
 from linear_gpt2 import attention  # noqa: E402
-from linear_gpt2.attention import flash_context  # noqa: E402
+from linear_gpt2.kernels.flash import ring as flash_context  # noqa: E402
 from linear_gpt2.platform import provenance, target  # noqa: E402
 from linear_gpt2.platform.memory import GiB  # noqa: E402
 
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
         "environment": env,
         "settings": {
             "size": "124M (one layer's attention)", "attention": "flash", "kernel": args.kernel,
-            "kernel_resolved": "ring attention, cuDNN blocks (attention/flash_context.py)",
+            "kernel_resolved": "ring attention, cuDNN blocks (kernels/flash/ring.py)",
             "batch": B, "heads": H, "head_dim": D, "dtype": "bfloat16", "mesh": "data=1 x seq=8",
             "what": "forward + backward (a VJP with a cotangent), inputs and outputs split over seq",
             "modelled_ring_bytes": "a MODEL: flash_context.modelled_ring_bytes (bytes one device "
@@ -156,4 +155,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

@@ -20,7 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import linear_gpt2  # noqa: E402, F401  (before JAX starts its backends)
 from linear_gpt2.experiments import compile_step, reports  # noqa: E402
 from linear_gpt2.model.config import ModelConfig  # noqa: E402
 from linear_gpt2.platform import provenance
@@ -107,4 +106,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

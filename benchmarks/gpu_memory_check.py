@@ -92,7 +92,7 @@ def measure(point: dict, repeats: int) -> dict:
         "allocator": provenance.allocator(),
         "kernel_design": None
         if spec.kernel_design is None
-        else spec.kernel_design(shape, "bfloat16", cfg.attention_options()),
+        else spec.kernel_design(shape, "bfloat16", cfg.attention_options),
         "device_kind": jax.devices()[0].device_kind,
         "compiled_bytes": mem.total if mem else None,
         "compiled": mem.as_dict() if mem else None,
@@ -179,4 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

@@ -112,4 +112,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     main()

@@ -48,6 +48,9 @@ from linear_gpt2.experiments import compile_step  # noqa: E402
 from linear_gpt2.platform import kernel_report  # noqa: E402
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     kernel_report.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
 
 import roofline_parallel  # noqa: E402  (benchmarks/, beside this script)

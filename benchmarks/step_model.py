@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2.experiments import step_costs, step_targets  # noqa: E402
 from linear_gpt2.experiments import step_model as sm  # noqa: E402
+from linear_gpt2.platform import cli  # noqa: E402
 from linear_gpt2.platform.provenance import environment  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -130,7 +131,15 @@ def synthesize(points, costs: dict) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    """The command line; returns the exit code (see ``linear_gpt2.platform.cli``)."""
+    return cli.run(_main, argv)
+
+
+def _main(argv) -> int:
+    ap = cli.ArgumentParser(
+        prog="benchmarks/step_model.py", description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the measured files are")
     ap.add_argument("--no-compile", action="store_true", help="use the cached costs only")
@@ -139,7 +148,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny model, synthetic times (tests)")
     args = ap.parse_args(argv)
     points = tiny_points() if args.tiny else step_costs.measured_points(args.results)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / COSTS
     costs = load_costs(path, args.restart)
     env = environment()
@@ -156,10 +164,18 @@ def main(argv=None) -> int:
         },
     }  # fmt: skip
     if not args.no_compile:
+        args.out.mkdir(parents=True, exist_ok=True)
         compile_missing(points, costs, path, meta)
+    elif not any(p.key in costs["points"] for p in points):
+        raise cli.UsageError(
+            f"--no-compile: {path} holds no compiled costs of the {len(points)} points to "
+            "model; run once without --no-compile (it compiles them, ~20 min, resumable), or "
+            f"give --out the folder that holds {COSTS}"
+        )
     if args.tiny:
         points = synthesize(points, costs)
     result = model(points, costs, loo=not args.no_loo)
+    args.out.mkdir(parents=True, exist_ok=True)
     result["meta"] = {
         "how": "modelled",
         "environment": {**env, "device_kind": "NVIDIA H100 SXM (modelled)"},
@@ -181,4 +197,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
     raise SystemExit(main())

@@ -86,12 +86,19 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f}"
 
 
-def print_choices() -> None:
+def print_choices(choices: list[str]) -> None:
     """The kernel choices made by shape while compiling (LT_chunked ``kernel=pallas``)."""
-    from linear_gpt2 import kernels
-
-    for choice in kernels.new_choices():
+    for choice in choices:
         print(f"kernel: {choice}")
+
+
+def kernel_choices():
+    """A block that collects the kernel choices logged while it runs (their INFO records)."""
+    from linear_gpt2 import kernels
+    from linear_gpt2.platform import logs
+
+    choices: list[str] = []
+    return logs.echo(kernels.CHOICES, choices.append), choices
 
 
 def print_kernels(report) -> None:
@@ -149,19 +156,21 @@ def run_attention(args) -> int:
         attention.get(args.attention, **options)  # bad names and options: usage errors
     except (ValueError, TypeError, NotImplementedError) as e:
         raise cli.UsageError(str(e)) from None
-    report = compile_step.compile_attention(
-        args.attention,
-        tuple(args.shape),
-        args.dtype,
-        args.target,
-        backward=not args.forward_only,
-        kernels=True,
-        fail_on_spill=args.fail_on_spill,
-        **options,
-    )
+    watch, choices = kernel_choices()
+    with watch:
+        report = compile_step.compile_attention(
+            args.attention,
+            tuple(args.shape),
+            args.dtype,
+            args.target,
+            backward=not args.forward_only,
+            kernels=True,
+            fail_on_spill=args.fail_on_spill,
+            **options,
+        )
     print(f"{report.what} for {report.target.name}: compiled in {report.seconds:.1f} s")
     print(f"memory per device: {report.memory.describe()}")
-    print_choices()
+    print_choices(choices)
     print_kernels(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.as_dict(), indent=1) + "\n")
@@ -188,18 +197,22 @@ def run_step(args) -> int:
     budget = None if args.budget_gib is None else int(args.budget_gib * GiB)
     budget_of = budget if budget is not None else t.budget_bytes
     print(t.describe())
-    report = compile_step.compile_config(
-        cfg,
-        t,
-        batch=args.batch,
-        kernels=args.kernels,
-        fail_on_spill=args.fail_on_spill,
-        budget_bytes=budget,
-    )
+    watch, choices = kernel_choices()
+    with watch:
+        report = compile_step.compile_config(
+            cfg,
+            t,
+            batch=args.batch,
+            kernels=args.kernels,
+            fail_on_spill=args.fail_on_spill,
+            budget_bytes=budget,
+        )
     accum, batch = report.accum, report.batch
     c = report.config
+    kernel = c.attention_options.as_dict().get("kernel")
     print(
-        f"{c.attention} (kernel={c.kernel}), {c.n_layer} layers x {c.n_embd}, context "
+        f"{c.attention}{f' (kernel={kernel})' if kernel else ''}, {c.n_layer} layers x "
+        f"{c.n_embd}, context "
         f"{report.context}, {accum} x {batch} sequences per update, {c.dtype}: compiled in "
         f"{report.compile.seconds:.1f} s"
     )
@@ -212,7 +225,7 @@ def run_step(args) -> int:
         )
     if report.collectives:
         print_collectives(report)
-    print_choices()
+    print_choices(choices)
     if args.kernels:
         print_kernels(report.compile)
     out = {"step": report.as_dict()}

@@ -10,7 +10,7 @@
 
 The protocols are the sweeps ``configs/sweeps/mqar_zoology.yaml`` and ``mqar_rebased.yaml`` (one
 run per attention: softmax, LT_chunked with softplus and elu+1, LT_chunked + decay gate; see
-``linear_gpt2/mqar.py``). They run through the sweep runner (each point a subprocess unless
+``linear_gpt2/experiments/mqar.py``). They run through the sweep runner (each point a subprocess unless
 ``--in-process``; finished runs are skipped, so an interrupted call continues), then
 ``NAME.{csv,json,md,png}`` (default ``benchmarks/results/mqar_cpu``) are written from every run
 directory of the sweeps: our final held-out accuracy per attention and length beside the

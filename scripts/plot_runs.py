@@ -11,14 +11,21 @@ its API (needs network and ``wandb login``). Writes into ``--out``:
 - ``learning_curves_<size>.png``: loss against update steps and against hours, one colour per
   context, solid = linear attention, dashed = softmax (one figure per model size);
 - ``final_loss_vs_params.png``: final loss against parameter count, one line per context and
-  attention family;
-- ``final_loss.md``: the table behind it;
+  run label;
+- ``final_loss.md``: one row per run: its label, final loss and median step time;
 - ``final_loss_vs_context_<size>.png``: final held-out loss against context, one line per
-  attention variant (``flash``, ``LT_chunked``, ``LT_chunked+reset``, ``LT_chunked+gate``, ...);
-- ``curves_by_context_<size>.png``: one panel per context, the variants' loss curves;
-- ``context_table.md``: held-out loss per variant x context with the gap to the softmax
-  baseline (``flash``/``softmax`` without resets) at each context; ``context_table.csv`` the
-  same, one row per run.
+  run label;
+- ``curves_by_context_<size>.png``: one panel per context, the runs' loss curves;
+- ``context_table.md``: held-out loss per run label x context with the gap to the softmax
+  baseline (``flash``/``softmax`` without resets) at each context and the median step time;
+  ``context_table.csv`` the same, one row per run.
+
+A run's label is its attention variant (``flash``, ``LT_chunked``, ``LT_chunked+reset``,
+``LT_chunked+gate``, ...) and every setting that differs between runs of that variant at one
+context (``LT_chunked chunk_size=64``, ``kernel=pallas``, ``context_parallel=2``, an option of
+your own variant, ``seed=1``), then the run's name if nothing else tells two apart: no row or
+line stands for two runs. Step times are the median of ``metrics.jsonl``'s ``step_time_s``
+without each start's first (compiling) step.
 """
 
 from __future__ import annotations
@@ -108,6 +115,8 @@ def _main(argv: list[str]) -> int:
             "train_s",
             "spikes",
             "name",
+            "label",
+            "step_ms",
         ]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
@@ -136,18 +145,23 @@ def _main(argv: list[str]) -> int:
     (out / "context_table.meta.json").write_text(json.dumps({"meta": meta}, indent=1) + "\n")
     table = runs_lib.context_table_markdown(ctx_rows)
     (out / "context_table.md").write_text(
-        "Final held-out loss per attention variant (rows) and context (columns); in parentheses "
-        "the gap to the softmax baseline at that context.\n\n" + table
+        "Final held-out loss per run (rows: the attention variant and what else differs) and "
+        "context (columns); in parentheses the gap to the softmax baseline at that context, "
+        "then the median step time.\n\n" + table
     )
     print(table)
     rows = runs_lib.final_loss_table(runs)
-    lines = ["| run | size | context | attention | steps | hours | final loss |", "|---" * 7 + "|"]
+    lines = [
+        "| run | label | size | context | steps | hours | final loss | median step (ms) |",
+        "|---" * 8 + "|",
+    ]
     for r in rows:
         hours = f"{r['hours']:.1f}" if r["hours"] is not None else ""
         loss = f"{r['final_loss']:.4f}" if r["final_loss"] is not None else ""
+        ms = f"{r['step_ms']:.1f}" if r["step_ms"] is not None else ""
         lines.append(
-            f"| {r['name']} | {r['size']} | {r['context']} | {r['attention']} | {r['steps']} | "
-            f"{hours} | {loss} |"
+            f"| {r['name']} | {r['label']} | {r['size']} | {r['context']} | {r['steps']} | "
+            f"{hours} | {loss} | {ms} |"
         )
     (out / "final_loss.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -8,7 +8,7 @@
     python scripts/sweep.py SWEEP.yaml --point 3                         # one point (SLURM task)
 
 The sweep file names a base config, fixed overrides, a grid (cartesian product over dotted keys)
-and/or explicit points (see ``linear_gpt2/sweep.py``). ``key=value`` overrides, before or after
+and/or explicit points (see ``linear_gpt2/experiments/sweep.py``). ``key=value`` overrides, before or after
 the options, apply to every point (e.g. ``train.max_steps=20 log.wandb=disabled`` for a smoke
 run), also in each subprocess and in the SLURM array script. On a rerun, points that finished
 with the same config are skipped, unfinished ones resume from their last checkpoint, finished
@@ -16,15 +16,23 @@ ones whose config changed in a key a resumed run may change (``train.max_steps``
 again and continue, and points whose run directory holds another experiment are reported as
 stale and not run. Each point runs as a subprocess unless ``--in-process``.
 
+Ctrl-C or SIGTERM (to the sweep or to its process group) reaches the point in training: it
+checkpoints and stops, its run directory is marked INTERRUPTED, no other point starts, and the
+sweep ends with one line ``error: sweep NAME interrupted ...``; running the same command again
+resumes the point. A second Ctrl-C stops the point at once (its last checkpoint stands). No point
+outlives the sweep, even one killed with ``kill -9`` (Linux).
+
 Exit codes: 0 when every point finished or was skipped; 1 when a point failed; 2 for a bad sweep
 file, override or option, or when points were not run because their run directories hold another
-experiment (stale) and none failed. Refused and failed points are reported on stderr as they come,
-and the command ends with one line ``error: ...`` (``--debug`` for the traceback).
+experiment (stale) and none failed; 130 / 143 when SIGINT / SIGTERM stopped it. Refused and failed
+points are reported on stderr as they come, and the command ends with one line ``error: ...``
+(``--debug`` for the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -70,7 +78,9 @@ def _main(argv: list[str]) -> int:
     sweep = sweep_lib.load_sweep(args.sweep, args.overrides)
     if args.dry_run:
         for point, (status, detail), cmd in sweep_lib.dry_run(sweep):
-            note = f" ({detail})" if detail and status in ("changed", "stale") else ""
+            note = (
+                f" ({detail})" if detail and status in ("changed", "stale", "interrupted") else ""
+            )
             print(f"[{point.index}] {status} {point.name}{note}\n    {shlex.join(cmd)}")
         return 0
     if args.slurm:
@@ -85,7 +95,20 @@ def _main(argv: list[str]) -> int:
                 f"--point {args.point} is not a point of {sweep.path} (0..{len(sweep.points) - 1})"
             )
         point = sweep.points[args.point]
-        outcome = sweep_lib.run_point(sweep, point)
+        sweep_lib.follow_parent()  # a point its sweep started stops with it
+        try:
+            outcome = sweep_lib.run_point(sweep, point)
+        except sweep_lib.SweepInterruptedError as e:
+            if os.environ.get(sweep_lib.PARENT_ENV):  # the sweep says so, in its one line
+                return e.exit_code
+            raise
+        except (KeyboardInterrupt, sweep_lib.StopSignal) as e:  # stopped before or at once
+            code = 128 + getattr(e, "signum", 2)
+            if os.environ.get(sweep_lib.PARENT_ENV):
+                return code
+            raise sweep_lib.SweepInterruptedError(
+                f"sweep point {point.index} ({point.name}) interrupted", code - 128
+            ) from None
         print(f"[{point.index}] {point.name}: {outcome}")
         return 0
     outcomes = sweep_lib.run_sweep(sweep, in_process=args.in_process, extra=args.overrides)

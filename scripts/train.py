@@ -6,7 +6,8 @@ A failure ends with one line ``error: ...`` on stderr: exit 2 for a bad config o
 rerun, 1 for damaged data or checkpoints, a run directory another trainer holds or that cannot
 be written, a missing device, a non-finite loss or out of memory (the table of exit codes is in
 docs/training.md, "Failures"). ``--debug`` (or ``LINEAR_GPT2_DEBUG=1``) also prints the
-traceback and third-party logs (XLA, absl, orbax).
+traceback and third-party logs (XLA, absl, orbax). ``--help`` lists every attention variant's
+options (``--help attention.name=my_lab.attn`` adds a variant of your own).
 """
 
 import sys
@@ -24,7 +25,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
+        # --help attention.name=my_lab.attn: the options of a variant of one's own too.
+        from linear_gpt2.attention import registry, schema
+
+        own = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("attention.name=")]
         print(__doc__)
+        print(schema.help_text([*registry.names(), *own]))
         return 0
     if not argv or argv[0].startswith("-") or "=" in argv[0]:
         got = f", got {argv[0]!r} first" if argv else ""

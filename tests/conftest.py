@@ -50,7 +50,11 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-import linear_gpt2  # noqa: E402, F401  (before JAX starts: its CUDA-plugin setting, __init__.py)
+from linear_gpt2.platform import process  # noqa: E402
+
+# The process settings every entry point makes (platform/process.py: the CUDA plugin without a
+# driver, the GPU allocator's share), before JAX starts; subprocesses inherit them.
+process.configure()
 
 
 def _has_gpu() -> bool:

@@ -33,3 +33,35 @@ TINY_OVERRIDES = (
     "train.tokens_per_update=64",
     "train.micro_batch=2",
 )
+
+
+# A script's ``main`` on each argument list in one subprocess: the entry point's own error
+# reporting (one line, its exit code) for many cases without a process start each.
+_ENTRY_POINT_CALLS = """
+import contextlib, importlib.util, io, json, sys
+spec = importlib.util.spec_from_file_location("entry_point", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+for args in json.loads(sys.argv[2]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = script.main(args)
+    print("CALL " + json.dumps([code, err.getvalue()]))
+"""
+
+
+def entry_point_calls(script, calls, env=None, cwd=None) -> list[tuple[int, str]]:
+    """``(exit code, stderr)`` of ``script``'s ``main(args)`` for each ``args`` in ``calls``,
+    run in one fresh Python process (``env`` its environment)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _ENTRY_POINT_CALLS, str(script), json.dumps(calls)],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("CALL ")]
+    assert len(out) == len(calls), proc.stdout[-3000:]
+    return [(code, err) for code, err in out]

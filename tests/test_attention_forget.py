@@ -195,7 +195,7 @@ def test_flash_pallas_kernel_takes_the_documents_as_segment_ids():
 
 
 def test_cudnn_packed_segments_describe_the_documents():
-    from linear_gpt2.attention.flash import packed_segments
+    from linear_gpt2.kernels.flash.cudnn import packed_segments
 
     resets = np.zeros((2, 10), bool)
     resets[0, [3, 7]] = True

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from linear_gpt2 import attention
 from linear_gpt2.attention import linear
+from linear_gpt2.attention.options import declared
 from linear_gpt2.kernels.lt_attention_parallel import naive as parallel_naive
 from linear_gpt2.kernels.lt_chunked import naive as chunked_naive
 from linear_gpt2.platform.memory import attention_temp_bytes
@@ -210,7 +211,9 @@ def test_chunk_size_must_divide_T(t, c, divisor):
     "name", [n for n in LINEAR if n not in ("LT_chunked", "LT_attention_parallel")]
 )
 def test_unimplemented_kernel_is_a_clear_error(name):
-    with pytest.raises(NotImplementedError, match=r"kernel='pallas'.*valid kernels: auto, xla"):
+    with pytest.raises(
+        ValueError, match=r"kernel: 'pallas' is not valid; valid values: auto, xla$"
+    ):
         attention.get(name, kernel="pallas")
     attention.get(name, kernel="xla")
     attention.get(name, kernel="auto")
@@ -218,10 +221,11 @@ def test_unimplemented_kernel_is_a_clear_error(name):
 
 def test_unknown_feature_map_and_scan():
     with pytest.raises(
-        ValueError, match="valid feature maps: softplus, elu1, relu, exp, taylor2, power2, rebased"
+        ValueError,
+        match="feature_map: 'tanh' .*: softplus, elu1, relu, exp, taylor2, power2, rebased",
     ):
         attention.get("LT_state", feature_map="tanh")
-    with pytest.raises(ValueError, match="valid scans: cumsum, associative"):
+    with pytest.raises(ValueError, match="scan: 'blelloch' .*: cumsum, associative"):
         attention.get("LT_state_parallel", scan="blelloch")
 
 
@@ -234,8 +238,10 @@ def test_options_declared():
         "LT_state_parallel": {"feature_map", "feature_dim", "kernel", "scan", "eps"},
         "LT_chunked": {"feature_map", "feature_dim", "chunk_size", "kernel", "eps"},
     }
+    layer = {"doc_reset", "decay"}  # every variant's (the model's layer reads them)
     for name, opts in expected.items():
-        assert set(attention.spec(name).options) == opts, name
+        assert set(declared(attention.spec(name).options)) == opts | layer, name
+        assert set(attention.spec(name).options().as_dict()) == opts | layer, name
 
 
 def test_eps_is_added_to_the_denominator():

@@ -29,7 +29,7 @@ from linear_gpt2.model import ModelConfig, count_params, init_params, param_shap
 from linear_gpt2.model.flops import flops_per_token
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.config import load_config
-from tests.helpers import TINY_OVERRIDES, rel_err
+from tests.helpers import TINY_OVERRIDES, entry_point_calls, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "tempered_attention.py"
@@ -80,13 +80,19 @@ def test_the_example_is_softmax_at_temperature_one_and_sharper_below(lab):
 
 def test_config_takes_the_module_path_and_its_own_option(lab):
     cfg = load_config(None, [*TINY, f"attention.name={NAME}", "attention.temperature=0.5"])
-    assert cfg.attention.extra == {"temperature": 0.5}
-    assert dict(cfg.model_config.attention_extra) == {"temperature": 0.5}
-    assert cfg.model_config.attention_options()["temperature"] == 0.5
-    # The saved form loads back to the same config (what checkpoints and sweeps compare).
+    assert cfg.attention.options == attention.spec(NAME).options(temperature=0.5)
+    assert cfg.model_config.temperature == 0.5 and cfg.attention.temperature == 0.5
+    assert cfg.to_dict()["attention"] == {"name": NAME, "doc_reset": False, "decay": "none",
+                                          "temperature": 0.5}  # fmt: skip
+    # The form an earlier version saved (own options under extra) loads to the same config.
     again = load_config(None, [*TINY, f"attention.name={NAME}", "attention.extra.temperature=0.5"])
     assert again == cfg
-    with pytest.raises(ConfigError, match=r"attention.temperature: temperature must be > 0"):
+    # Typed by the variant's options class: an int is a float, a string is not.
+    assert load_config(None, [*TINY, f"attention.name={NAME}", "attention.temperature=2"]
+                       ).attention.temperature == 2.0  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^attention.temperature: wrong type: expected float"):
+        load_config(None, [*TINY, f"attention.name={NAME}", "attention.temperature=abc"])
+    with pytest.raises(ConfigError, match=r"^attention.temperature: must be > 0, got 0"):
         load_config(None, [*TINY, f"attention.name={NAME}", "attention.temperature=0"])
     with pytest.raises(ConfigError, match=r"attention.temprature.*did you mean 'temperature'"):
         load_config(None, [*TINY, f"attention.name={NAME}", "attention.temprature=2"])
@@ -99,14 +105,14 @@ def test_config_takes_the_module_path_and_its_own_option(lab):
 def test_flops_and_decoder_come_from_the_spec(lab):
     cfg = ModelConfig(
         n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, attention=NAME,
-        attention_extra={"temperature": 0.7},
+        temperature=0.7,
     )  # fmt: skip
     n = count_params(param_shapes(cfg), non_embedding=False)
     # quadratic_flops: 4 T D per head and layer, forward; 3x for training, plus 6 N.
     assert flops_per_token(cfg, n, 16) == 6 * n + 3 * 2 * 2 * 4 * 16 * 16
     params = init_params(cfg, seed=0)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), params,
-                                     init_params(cfg.replace(attention="softmax", attention_extra=()), seed=0)))  # fmt: skip
+                                     init_params(cfg.replace(attention="softmax"), seed=0)))  # fmt: skip
     from linear_gpt2.model import sampling
 
     prompt = jnp.asarray([[3, 1, 4, 1, 5]])
@@ -115,11 +121,54 @@ def test_flops_and_decoder_come_from_the_spec(lab):
     np.testing.assert_array_equal(np.asarray(fast), np.asarray(slow))
 
 
+# A variant of one's own with a float option ``scale`` and no check of its own: the type alone
+# refuses a bad value.
+SCALED = """
+import dataclasses
+from linear_gpt2.attention import AttentionSpec, Options, option
+from linear_gpt2.attention.spec import quadratic_flops
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledOptions(Options):
+    scale: float = option(1.0, "multiplies the output")
+
+
+def make(options):
+    def fn(q, k, v):
+        return v * options.scale
+    return fn
+
+
+SPEC = AttentionSpec(name="scaled", family="softmax", make=make, flops=quadratic_flops,
+                     options=ScaledOptions)
+"""
+
+
+@pytest.mark.parametrize(
+    "module, override",
+    [(NAME, "attention.temperature=abc"), ("my_lab.scaled", "attention.scale=abc")],
+)
+def test_a_bad_own_option_is_one_line_at_config_load_with_nothing_written(lab, tmp_path, module,
+                                                                         override):  # fmt: skip
+    """Through scripts/train.py: exit 2, one line ``error: attention.<key>: ...``, and no run
+    directory (the config is read before anything is written)."""
+    (lab / "my_lab" / "scaled.py").write_text(SCALED)
+    run_dir = tmp_path / "runs" / "bad"
+    proc = _run(tmp_path, lab, "scripts/train.py", str(ROOT / "configs/default.yaml"), *TINY,
+                f"attention.name={module}", override, f"log.run_dir={run_dir}")  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    key = override.split("=")[0]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert lines == [f"error: {key}: wrong type: expected float, got 'abc'"], proc.stderr[-3000:]
+    assert not run_dir.exists() and not (tmp_path / "runs").exists()
+
+
 def test_recompute_decoder_keeps_the_decoder_contract():
     """A spec without a decoder of its own gets one: T steps equal the full-sequence function,
     and a prefill in two parts equals one, with document resets and decay gates passed on."""
     fn = attention.get("LT_chunked", chunk_size=4)
-    spec = AttentionSpec(name="no_decoder", family="linear", make=lambda: fn,
+    spec = AttentionSpec(name="no_decoder", family="linear", make=lambda options: fn,
                          flops=quadratic_flops, resets=True, decay=True)  # fmt: skip
     dec = spec.decoder()
     assert dec.kind == "recompute"
@@ -207,9 +256,19 @@ def _builtin_names() -> set[str]:
     return set(registry.BUILTIN) | (kernels - {"auto", "xla"})
 
 
+# String methods that test or take apart a string: a variant's name (or a prefix of one, for
+# startswith, ``"LT_"``) passed to one branches on it as a comparison does.
+STRING_TESTS = frozenset((
+    "startswith", "endswith", "removeprefix", "removesuffix", "find", "rfind", "index", "rindex",
+    "count", "partition", "rpartition", "split", "rsplit",
+))  # fmt: skip
+
+
 def _branches_on(node: ast.AST, names: set[str]) -> list[str]:
     """String literals among ``names`` compared with ``==``, ``!=``, ``in``, ``not in`` (alone
-    or in a tuple, list or set), or matched in a ``match`` case."""
+    or in a tuple, list or set), matched in a ``match`` case, passed to a string test
+    (``.startswith("pallas_blocked")``, a prefix of a name too) or used as a subscript
+    (``row["LT_chunked"]``)."""
     found = []
 
     def literals(expr):
@@ -228,6 +287,23 @@ def _branches_on(node: ast.AST, names: set[str]) -> list[str]:
                 return True
         return False
 
+    def word(c: str) -> bool:
+        return c.isalnum() or c == "_"
+
+    def named(s: str, method: str) -> bool:
+        """``s`` is a name, or for startswith (endswith) a prefix (suffix) of one (``"LT_"``) or
+        one followed (preceded) by more that is not part of an identifier (``"LT_state_parallel
+        ("``, not ``"pallas_call"``)."""
+        if s in names:
+            return True
+        if method == "startswith":
+            return any((n.startswith(s) and len(s) >= 3)
+                       or (s.startswith(n) and not word(s[len(n)])) for n in names)  # fmt: skip
+        if method == "endswith":
+            return any((n.endswith(s) and len(s) >= 3)
+                       or (s.endswith(n) and not word(s[-len(n) - 1])) for n in names)  # fmt: skip
+        return False
+
     for n in ast.walk(node):
         if isinstance(n, ast.Compare):
             operands = (n.left, *n.comparators)
@@ -240,6 +316,13 @@ def _branches_on(node: ast.AST, names: set[str]) -> list[str]:
                 if isinstance(sub, ast.MatchValue):
                     found += [f"line {n.pattern.lineno}: {s!r}" for s in literals(sub.value)
                               if s in names]  # fmt: skip
+        elif isinstance(n, ast.Call) and getattr(n.func, "attr", None) in STRING_TESTS:
+            method = n.func.attr
+            for arg in n.args:
+                found += [f"line {n.lineno}: .{method}({s!r})" for s in literals(arg)
+                          if named(s, method)]  # fmt: skip
+        elif isinstance(n, ast.Subscript) and not about_family(n.value):
+            found += [f"line {n.lineno}: [{s!r}]" for s in literals(n.slice) if s in names]
     return found
 
 
@@ -264,6 +347,39 @@ def test_the_branch_finder_finds_branches():
         "match a:\n    case 'flash': pass\n"
         "table = {'softmax': 1}\n"  # data keyed by a name: fine
         "ok = spec.family == 'softmax'\n"  # a family, not a variant
+        "old = r['auto'].startswith('pallas_blocked')\n"
+        "lt = name.startswith('LT_')\n"  # the post's naming, a prefix of names
+        "scan = name.startswith('LT_state_parallel (')\n"
+        "row = rows['LT_state_parallel']\n"
+        "fine = by_family['softmax'] + name.startswith('my_') + op.startswith('pallas_call')\n"
     )
     hits = _branches_on(ast.parse(code), _builtin_names())
-    assert [h.split(": ")[1] for h in hits] == ["'LT_chunked'", "'pallas'", "'flash'"]
+    assert sorted(h.split(": ", 1)[1] for h in hits) == sorted([
+        "'LT_chunked'", "'pallas'", "'flash'", ".startswith('pallas_blocked')",
+        ".startswith('LT_')", ".startswith('LT_state_parallel (')", "['LT_state_parallel']",
+    ]), hits  # fmt: skip
+
+
+def test_unknown_names_suggest_what_was_meant_and_how_to_name_ones_own(lab, tmp_path):
+    """Through scripts/train.py (one line, exit 2, before any JAX): a name made of a
+    registered one suggests it (``flash_attention`` -> ``flash``, not ``LT_attention``); a
+    top-level module of one's own, not registered, is told how to name it (its package, or
+    ``module:SPEC``), and that form works."""
+    (lab / "tempered_top.py").write_text(EXAMPLE.read_text())
+    config = str(ROOT / "configs/default.yaml")
+    cases = [
+        ("flash_attention", "unknown attention 'flash_attention' (did you mean 'flash'?)"),
+        ("Softmax_Attention", "(did you mean 'softmax'?)"),
+        ("LT_chunk", "(did you mean 'LT_chunked'?)"),
+        ("tempered_top", "a module of your own is named by its path with its package "
+         "(my_lab.attn, defining SPEC), or as tempered_top:SPEC for a top-level module"),
+        ("no_such_thing", "or the module path of a variant of your own, with its package"),
+        # The form the message names gets past the name, to the next setting's check.
+        ("tempered_top:SPEC", "error: train.context_parallel"),
+    ]  # fmt: skip
+    calls = [[config, f"attention.name={name}", "train.context_parallel=0"] for name, _ in cases]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{ROOT}{os.pathsep}{lab}"}
+    results = entry_point_calls(ROOT / "scripts" / "train.py", calls, env=env, cwd=tmp_path)
+    for (name, says), (code, err) in zip(cases, results, strict=True):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and says in lines[0], (name, err)

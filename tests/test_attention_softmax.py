@@ -13,6 +13,8 @@ import pytest
 
 from linear_gpt2 import attention
 from linear_gpt2.attention import flash, softmax
+from linear_gpt2.kernels import KernelUnavailableError
+from linear_gpt2.kernels.flash import pallas as flash_pallas
 from tests.helpers import rel_err
 
 # Odd sizes on purpose: T is not a multiple of any kernel block, D not a power of two.
@@ -150,10 +152,10 @@ def test_forward_and_grads_bfloat16(name, opts):
 def test_pallas_pads_to_block_multiple(shape):
     """T = 130 is past the default 128 block and not a multiple of it (padded to 256); T = 16 is
     the minimum block, no padding. Forward and backward stay exact."""
-    assert flash.pallas_block_sizes(130) == (128, 32)
-    assert flash.pallas_block_sizes(37) == (64, 32)
-    assert flash.pallas_block_sizes(5) == (16, 16)
-    fn = flash.make(kernel="pallas")
+    assert flash_pallas.block_sizes(130) == (128, 32)
+    assert flash_pallas.block_sizes(37) == (64, 32)
+    assert flash_pallas.block_sizes(5) == (16, 16)
+    fn = attention.get("flash", kernel="pallas")
     q, k, v, dy = _qkv(seed=2, shape=shape)
     assert rel_err(jax.jit(fn)(q, k, v), ref_attention(q, k, v)) <= F32_TOL
     grads = _grads(fn, q, k, v, dy)
@@ -164,25 +166,26 @@ def test_pallas_pads_to_block_multiple(shape):
 def test_cudnn_on_cpu_raises_clear_error():
     if jax.default_backend() == "gpu":
         pytest.skip("checks the CPU error")
-    fn = flash.make(kernel="cudnn")
+    fn = attention.get("flash", kernel="cudnn")
     q, k, v, _ = _qkv(shape=(1, 8, 1, 8))
-    with pytest.raises(flash.KernelUnavailableError, match=r"needs a CUDA GPU.*kernel=xla"):
+    with pytest.raises(KernelUnavailableError, match=r"needs a CUDA GPU.*kernel=xla"):
         fn(q, k, v)
-    with pytest.raises(flash.KernelUnavailableError, match="pallas"):
+    with pytest.raises(KernelUnavailableError, match="pallas"):
         jax.jit(fn)(q, k, v)
 
 
 def test_flash_registry_contract():
-    assert attention.spec("flash").options == ("kernel",)
+    spec = attention.spec("flash")
+    assert spec.options is flash.FlashOptions and spec.kernels == ("auto", "xla", "pallas", "cudnn")
     assert attention.spec("flash").dropout is False
     assert attention.spec("softmax").dropout is True
-    # ModelConfig passes every option; flash reads only ``kernel``.
+    # Options only the linear variants read are checked and ignored (a sweep carries them).
     fn = attention.get("flash", kernel="xla", chunk_size=64, feature_map="relu", eps=1e-6)
     q, k, v, _ = _qkv(shape=(1, 8, 2, 8))
     assert rel_err(fn(q, k, v), ref_attention(q, k, v)) <= F32_TOL
-    with pytest.raises(ValueError, match=r"no kernel 'triton'.*valid kernels: auto, xla, pallas"):
+    with pytest.raises(ValueError, match=r"kernel: 'triton' is not valid.*: auto, xla, pallas"):
         attention.get("flash", kernel="triton")
-    with pytest.raises(ValueError, match="no kernel"):
+    with pytest.raises(ValueError, match="'nope' is not valid"):
         attention.decoder("flash", kernel="nope")
 
 
@@ -302,7 +305,7 @@ def test_decoder_overflow():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["cudnn", "auto", "pallas", "xla"])
 def test_gpu_bfloat16_forward_and_grads(kernel):
-    fn = flash.make(kernel=kernel)
+    fn = attention.get("flash", kernel=kernel)
     q, k, v, dy = _qkv(seed=10, shape=(B, T, H, 64), dtype=jnp.bfloat16)
     y = jax.jit(fn)(q, k, v)
     assert y.dtype == jnp.bfloat16
@@ -318,7 +321,7 @@ def test_gpu_bfloat16_forward_and_grads(kernel):
 def test_gpu_float32_exact(kernel):
     """Real Triton lowering of the Pallas kernel (not interpret), with IEEE float32 dots: TF32,
     the GPU default, would give ~1e-3."""
-    fn = flash.make(kernel=kernel)
+    fn = attention.get("flash", kernel=kernel)
     q, k, v, dy = _qkv(seed=11)
     with jax.default_matmul_precision("highest"):
         y = jax.jit(fn)(q, k, v)
@@ -331,11 +334,11 @@ def test_gpu_float32_exact(kernel):
 @pytest.mark.gpu
 def test_gpu_cudnn_float32_rejected_and_auto_falls_back():
     q, k, v, _ = _qkv(seed=12, shape=(1, 16, 2, 64))
-    with pytest.raises(flash.KernelUnavailableError, match="bfloat16 or float16"):
-        flash.make(kernel="cudnn")(q, k, v)
-    with pytest.warns(UserWarning, match="using kernel=xla"):
+    with pytest.raises(KernelUnavailableError, match="bfloat16 or float16"):
+        attention.get("flash", kernel="cudnn")(q, k, v)
+    with pytest.warns(UserWarning, match="uses xla"):
         with jax.default_matmul_precision("highest"):
-            y = jax.jit(flash.make(kernel="auto"))(q, k, v)
+            y = jax.jit(attention.get("flash", kernel="auto"))(q, k, v)
     assert rel_err(y, ref_attention(q, k, v)) <= F32_TOL
 
 
@@ -347,7 +350,10 @@ def test_gpu_cudnn_odd_length_and_documents_match_xla():
     q, k, v, dy = _qkv(seed=13, shape=(2, 37, 3, 64), dtype=jnp.bfloat16)
     resets = jnp.zeros((2, 37), bool).at[0, 5].set(True).at[0, 36].set(True).at[1, 20].set(True)
     for r in (None, resets):
-        fns = [functools.partial(flash.make(kernel=name), resets=r) for name in ("cudnn", "xla")]
+        fns = [
+            functools.partial(attention.get("flash", kernel=name), resets=r)
+            for name in ("cudnn", "xla")
+        ]
         ys = [jax.jit(f)(q, k, v) for f in fns]
         r64 = None if r is None else np.asarray(r)
         assert rel_err(ys[0], ys[1]) <= BF16_TOL, r is None

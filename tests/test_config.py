@@ -21,14 +21,15 @@ def test_defaults_are_gpt2_124m_from_scratch():
     cfg = load_config()
     m = cfg.model_config
     assert (m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.block_size) == (12, 12, 768, 50304, 1024)
-    assert m.attention == "softmax" and m.feature_map == "softplus"
+    assert m.attention == "softmax" and not m.doc_reset and m.decay == "none"
+    assert load_config(None, ["attention.name=LT_chunked"]).model_config.feature_map == "softplus"
     assert cfg.train.tokens_per_update == 2**19
 
 
 def test_yaml_then_overrides_in_order(tmp_path):
     p = write(
         tmp_path,
-        "model: {n_layer: 4, n_head: 4, n_embd: 128}\nattention: {name: softmax, chunk_size: 32}\n",
+        "model: {n_layer: 4, n_head: 4, n_embd: 128}\nattention: {name: LT_chunked, chunk_size: 32}\n",
     )
     cfg = load_config(p, ["model.n_layer=24", "attention.chunk_size=128", "train.lr=3e-4"])
     assert cfg.model.n_layer == 24 and cfg.model.n_head == 4
@@ -120,7 +121,7 @@ def test_chunk_size_must_divide_context():
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides)
     msg = str(e.value)
-    assert "chunk_size=96" in msg and "1000" in msg and "e.g. 50" in msg
+    assert "chunk_size=96" in msg and "T=1000" in msg and "e.g. chunk_size=50" in msg
     cfg = load_config(
         None, ["attention.name=LT_chunked", "attention.chunk_size=1000", "data.context=1000"]
     )
@@ -137,10 +138,20 @@ def test_bad_files_and_override_syntax(tmp_path):
 
 
 def test_model_config_is_flat_hashable_and_validated():
+    # An option only another variant reads (chunk_size under softmax) is checked and dropped.
     m = ModelConfig(n_layer=2, n_head=2, n_embd=64, attention="softmax", chunk_size=16)
     assert hash(m) == hash(ModelConfig(n_layer=2, n_head=2, n_embd=64, chunk_size=16))
     assert m.head_dim == 32
-    assert set(m.attention_options()) == set(attention.options.SHARED)
+    assert set(m.attention_options.as_dict()) == {"doc_reset", "decay"}  # softmax's own
+    # The variant's options read flat, and hash with the rest (a static argument of jax.jit).
+    c = ModelConfig(n_layer=2, n_head=2, n_embd=64, attention="LT_chunked", chunk_size=16)
+    assert c.chunk_size == 16 and c.feature_map == "softplus" and c.replace(chunk_size=32) != c
+    assert hash(c.replace(chunk_size=32)) == hash(c.replace(chunk_size=32))
+    assert c.replace(attention="softmax") == m  # the options both declare carry, others drop
+    with pytest.raises(AttributeError, match="'softmax' has no option 'chunk_size'"):
+        m.chunk_size  # noqa: B018
+    with pytest.raises(ConfigError, match="chunk_size: .*int >= 1 or 'auto'"):
+        ModelConfig(attention="LT_chunked", chunk_size=0)
     with pytest.raises(ConfigError, match="not divisible"):
         ModelConfig(n_embd=65, n_head=2)
     with pytest.raises(ConfigError, match="valid names"):
@@ -150,9 +161,9 @@ def test_model_config_is_flat_hashable_and_validated():
 
 
 def test_run_config_builds_model_config():
-    cfg = load_config(None, ["attention.name=softmax", "attention.eps=1e-5", "model.n_layer=3"])
+    cfg = load_config(None, ["attention.name=LT_state", "attention.eps=1e-5", "model.n_layer=3"])
     m = cfg.model_config
-    assert m.attention == "softmax" and m.eps == 1e-5 and m.n_layer == 3
+    assert m.attention == "LT_state" and m.eps == 1e-5 and m.n_layer == 3
 
 
 def test_every_registered_attention_name_is_a_valid_config_value():
@@ -164,12 +175,20 @@ def test_every_registered_attention_name_is_a_valid_config_value():
 
 
 def test_resolved_config_round_trips_through_its_saved_yaml(tmp_path):
-    cfg = load_config(None, ["model.n_layer=5", "log.tags=[a,b]", "attention.chunk_size=32"])
+    cfg = load_config(
+        None,
+        [
+            "model.n_layer=5",
+            "log.tags=[a,b]",
+            "attention.name=LT_chunked",
+            "attention.chunk_size=32",
+        ],
+    )
     save_config(cfg, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert again == cfg
     assert diff(cfg, again) == {}
-    other = load_config(None, ["model.n_layer=6"])
+    other = load_config(None, ["model.n_layer=6", "attention.name=LT_chunked"])
     assert set(diff(cfg, other)) >= {"model.n_layer", "log.tags", "attention.chunk_size"}
 
 

@@ -5,6 +5,7 @@ resumption, the collectives counted against their model, and one-line refusals."
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.batches import plan_batches
 from linear_gpt2.training.config import load_config
-from tests.helpers import SLOW
+from tests.helpers import SLOW, entry_point_calls
 from tests.test_trainer import (
     TINY,
     _env,
@@ -150,7 +151,7 @@ def _config(tmp_path, *overrides):
          r"train.context_parallel=3 does not divide data.context=16 into equal slices"),
         (["attention.name=LT_chunked", "attention.chunk_size=8", "train.context_parallel=4"],
          r"attention.chunk_size: each device's slice \(data.context=16 / "
-         r"train.context_parallel=4\): chunk_size=8 does not divide 4 tokens"),
+         r"train.context_parallel=4\): chunk_size=8 does not divide T=4"),
         (["attention.name=LT_chunked", "train.context_parallel=0"], r"train.context_parallel"),
     ],
 )  # fmt: skip
@@ -158,6 +159,52 @@ def test_bad_context_parallel_settings_are_one_line(tmp_path, overrides, message
     with pytest.raises(ConfigError, match=message) as err:
         _config(tmp_path, *overrides)
     assert "\n" not in str(err.value)
+
+
+@SLOW
+def test_the_console_shows_the_split_and_never_cuts_a_line(setup):  # noqa: F811
+    """scripts/train.py under context parallelism, stdout a pipe (a job's log): the header
+    names the data x seq mesh and each device's share of a sequence, and a line longer than 80
+    columns (the stop line's checkpoint path) is printed whole."""
+    root, config, base = setup
+    run = root / ("a_run_directory_whose_path_alone_passes_eighty_columns_" * 2).strip("_")
+    args = [*base, *CP, "train.context_parallel=2", "train.max_steps=1",
+            "train.max_hours=1e-9", f"log.run_dir={run}"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), str(config), *args],
+        env=_env(2), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if "parameters |" in line)
+    assert "| 2 devices in 1 process(es) (data 1 x seq 2: 8 tokens of each sequence per " in header
+    assert "micro-steps of 2 per data group | starting at step 0 of 1" in header
+    stop = f"stopped by max_hours at step 1; checkpoint saved in {run / 'checkpoints'}"
+    assert stop in lines, proc.stdout[-3000:]
+
+
+def test_the_context_advised_for_a_split_passes_every_check(tmp_path):
+    """``train.context_parallel`` that does not divide the context (issue 38: 3 advised 126,
+    which LT_chunked's chunks then refused): the one-line error of scripts/train.py advises a
+    context that the config's checks all accept, for each variant's own rule of slices."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    cases = [["attention.name=LT_chunked", "train.context_parallel=3"],  # chunks of 64: 192
+             ["attention.name=LT_chunked", "attention.chunk_size=2", "train.context_parallel=3"],
+             ["attention.name=flash", "train.context_parallel=3"],  # zigzag: slices that halve
+             ["attention.name=flash", "data.context=12", "train.context_parallel=8"]]  # fmt: skip
+    results = entry_point_calls(
+        ROOT / "scripts" / "train.py", [[str(config), *o] for o in cases], env=_env(1)
+    )
+    for overrides, (code, err) in zip(cases, results, strict=True):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "does not divide data.context" in lines[0], err
+        advised = int(re.search(r"e\.g\. data\.context=(\d+)", lines[0])[1])
+        fixed = [*overrides, f"data.context={advised}", f"model.block_size={max(advised, 16)}"]
+        cfg = _config(tmp_path, *fixed)  # no ConfigError: the advice passes
+        assert cfg.data.context == advised and advised % cfg.train.context_parallel == 0
+    first = results[0][1]  # LT_chunked's chunks of 64 take no context of 16 or less: above
+    assert "data.context=192, with model.block_size at least that" in first
 
 
 def test_seq_must_divide_the_devices_and_fit_the_hosts(tmp_path):
@@ -183,7 +230,6 @@ def test_seq_must_divide_the_devices_and_fit_the_hosts(tmp_path):
 def test_compiled_state_exchange_is_the_model(tmp_path):
     """The LT_chunked step split over h100x8: one all-gather of the slice states per layer
     forward and one reduce-scatter backward, each sending exactly the model's bytes."""
-    import linear_gpt2  # noqa: F401
     from linear_gpt2.experiments import collectives
     from linear_gpt2.experiments.compile_step import compile_train_step
     from linear_gpt2.model.config import ModelConfig
@@ -221,10 +267,103 @@ def test_one_sequence_shard_keeps_the_one_axis_mesh():
 
 
 def test_cpu_collectives_flag_is_set_only_with_several_host_devices():
-    code = "import os, linear_gpt2; print(os.environ.get('XLA_FLAGS', ''))"
+    code = (
+        "import os; from linear_gpt2.platform import process; process.configure(); "
+        "print(os.environ.get('XLA_FLAGS', ''))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     one = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     many = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "concurrency_optimized_scheduler" not in one.stdout
     assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in many.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives one at a time on host devices (issue 38)
+
+ONE_AT_A_TIME = """
+import json, sys
+from linear_gpt2.experiments.collectives import unordered_collectives
+from linear_gpt2.training.config import load_config
+from linear_gpt2.training.train_step import jit_train_step, make_eval_step
+from linear_gpt2.training.trainer import _lay_out
+import jax
+out = {}
+for name, overrides in json.loads(sys.argv[2]).items():
+    cfg = load_config(sys.argv[1], overrides)
+    lay = _lay_out(cfg)
+    step = jit_train_step(lay.model_cfg, lay.tx, lay.mesh, accum=lay.plan.accum,
+                          batch=lay.plan.global_micro_batch, context=cfg.data.context)
+    out[name] = unordered_collectives(step.step.lower(*step.args).compile().as_text())
+print(json.dumps(out))
+"""
+
+
+@SLOW
+def test_every_device_runs_its_collectives_one_at_a_time(tmp_path):
+    """The training steps of both context-parallel families, compiled for 8 host devices with
+    JAX's own device setting (so XLA:CPU's concurrency-optimised scheduler stays on, as for a
+    user who sets JAX_NUM_CPU_DEVICES): no collective may start while a loop's collectives are
+    in flight on the same device. The loss's count of tokens did (a reduction over the targets
+    alone), and such runs aborted in XLA's rendezvous (benchmarks/context_parallel_stress.py)."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    cases = {
+        "flash": ["attention.name=flash", "train.context_parallel=2", "model.loss_chunk=0"],
+        "LT_chunked, fused loss": [*CP, "train.context_parallel=2", "model.loss_chunk=8"],
+    }
+    env = {k: v for k, v in _env(1).items() if k != "XLA_FLAGS"}
+    env.update(JAX_NUM_CPU_DEVICES="8", XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_AT_A_TIME, str(config), json.dumps(cases)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == dict.fromkeys(cases, [])
+
+
+def test_collectives_that_may_overlap_a_loop_are_found():
+    """The HLO reading behind the test above: a collective after a loop that holds collectives
+    is flagged unless it depends on the loop's result; collectives inside one computation in a
+    chain of data are not."""
+    from linear_gpt2.experiments.collectives import unordered_collectives
+
+    def module(after: str) -> str:
+        return f"""HloModule m, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {{
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4] get-tuple-element(%p), index=1
+  %r = f32[4] all-reduce(%x), channel_id=1, replica_groups={{{{0,1}}}}, to_apply=%add
+  ROOT %t = (s32[], f32[4]) tuple(%i, %r)
+}}
+
+%cond (q: (s32[], f32[4])) -> pred[] {{
+  %q = (s32[], f32[4]) parameter(0)
+  %j = s32[] get-tuple-element(%q), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}}
+
+ENTRY %main (x0: f32[4], y0: f32[4]) -> f32[4] {{
+  %x0 = f32[4] parameter(0)
+  %y0 = f32[4] parameter(1)
+  %z = s32[] constant(0)
+  %init = (s32[], f32[4]) tuple(%z, %x0)
+  %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body
+  %out = f32[4] get-tuple-element(%w), index=1
+  %late = f32[4] all-reduce({after}), channel_id=2, replica_groups={{{{0,1}}}}, to_apply=%add
+  ROOT %sum = f32[4] add(%out, %late)
+}}
+"""
+
+    assert unordered_collectives(module("%y0")) == [("main", "w", "late")]
+    assert unordered_collectives(module("%out")) == []

@@ -1,9 +1,13 @@
-"""The analysis notebooks execute on the fixture results (so they cannot rot), and
-scripts/plot_runs.py draws the learning figures from run directories."""
+"""The analysis notebooks execute headless on the fixture results (so they cannot rot) and on
+the repository's own results as a clean clone has them (no run directories: they say which
+command makes them; what they show agrees with README.md and docs/results.md), writing nothing
+under $HOME or $TMPDIR; scripts/plot_runs.py draws the learning figures from run directories and
+labels every run by what sets it apart."""
 
 import csv
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,13 +41,40 @@ def kernel(tmp_path, monkeypatch):
     return "linear_gpt2_test"
 
 
-def execute(name: str, kernel: str, tmp_path: Path, **env: str):
+# Where a library would write by default (and the suite's conftest points elsewhere): unset for
+# the kernel, so the notebook itself must keep them in the repository's cache.
+CACHE_VARS = ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "TORCHINDUCTOR_CACHE_DIR",
+              "TRITON_CACHE_DIR", "HF_HOME", "WANDB_DIR")  # fmt: skip
+
+
+def execute(name: str, kernel: str, tmp_path: Path, figs: bool = True, **env: str):
+    """Run a notebook headless with an empty ``$HOME`` and ``$TMPDIR`` of its own, the cache
+    variables unset and ``LINEAR_GPT2_CACHE`` in ``tmp_path``; fails if the kernel wrote
+    anything in that home or temporary directory. ``figs``: ``NOTEBOOK_FIG_DIR`` set (else the
+    notebook's default, under the cache)."""
     nbclient = pytest.importorskip("nbclient")
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    figs = tmp_path / "figs"
+    fig_dir = tmp_path / "figs" if figs else tmp_path / "cache" / "notebook_figures"
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir(parents=True)
+    tmp.mkdir()
     old = dict(os.environ)
-    os.environ.update(NOTEBOOK_FIG_DIR=str(figs), **env)
+    for var in CACHE_VARS:
+        os.environ.pop(var, None)
+    os.environ.update(
+        HOME=str(home),
+        TMPDIR=str(tmp),
+        LINEAR_GPT2_CACHE=str(tmp_path / "cache"),
+        # Jupyter's own folders are the launcher's to place (notebooks/make_notebooks.py).
+        IPYTHONDIR=str(tmp_path / "ipython"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter_config"),
+        JUPYTER_DATA_DIR=str(tmp_path / "jupyter_data"),
+        **({"NOTEBOOK_FIG_DIR": str(fig_dir)} if figs else {}),
+        **env,
+    )
+    if not figs:
+        os.environ.pop("NOTEBOOK_FIG_DIR", None)
     try:
         client = nbclient.NotebookClient(
             nb,
@@ -55,7 +86,11 @@ def execute(name: str, kernel: str, tmp_path: Path, **env: str):
     finally:
         os.environ.clear()
         os.environ.update(old)
-    return nb, figs
+    assert [str(p) for p in home.rglob("*")] == [], "the notebook wrote in $HOME"
+    assert [str(p) for p in tmp.rglob("*")] == [], "the notebook wrote in $TMPDIR"
+    if any(fig_dir.glob("*.png")):  # matplotlib drew: its cache is the project's
+        assert (tmp_path / "cache" / "matplotlib").is_dir()
+    return nb, fig_dir
 
 
 def outputs(nb) -> str:
@@ -100,11 +135,11 @@ def test_learning_on_cpu_notebook(kernel, tmp_path):
     text = outputs(nb)
     # MQAR: ours beside the published Based numbers, and the softmax check.
     assert "published: Based (ReBased fig. 1)" in text and "0.890" in text
-    assert "softmax >= 99% in every setting: True" in text
-    assert "LT_chunked/softplus: below Based at L = [128, 256, 512, 1024]" in text
+    assert "mqar-rebased, softmax: reaches 99% at L = [128, 256, 512, 1024]" in text
+    assert "mqar-rebased, LT_chunked/softplus: below Based at L = [128, 256, 512, 1024]" in text
     # The context table (gap to flash in parentheses) and the trend sentence per variant.
     assert "| LT_chunked | 5.640 (+0.040) | 5.580 (+0.130) |" in text
-    assert "LT_chunked: gap to flash +0.040 at 128 -> +0.130 at 512: grows" in text
+    assert "LT_chunked: gap to flash +0.040 at 128 -> +0.130 at 512: grows with context" in text
     # Diagnostics: the gated run's state norm, and the spike counts.
     assert "| LT_chunked+gate | 512 | 2 | 1.131 | 0.3 | 0.95 | 0 |" in text
     for name in (
@@ -113,6 +148,53 @@ def test_learning_on_cpu_notebook(kernel, tmp_path):
         "curves_by_context_3.4M.png",
     ):
         assert (figs / name).exists(), name
+
+
+def _table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| ")]
+
+
+@pytest.mark.slow
+def test_notebooks_on_a_clean_clone_say_how_to_make_what_is_missing_and_agree_with_the_docs(
+    kernel, tmp_path
+):
+    """The repository's own inputs, no run directories (a clean clone has none), figures in the
+    default place: each notebook says which command makes the runs, and every table it shows
+    from the committed results is the one README.md or docs/results.md shows."""
+    docs = (ROOT / "docs" / "results.md").read_text() + (ROOT / "README.md").read_text()
+    nb, figs = execute(
+        "learning_on_cpu.ipynb", kernel, tmp_path / "a", figs=False, CONTEXT_RUNS="/no/runs"
+    )
+    text = outputs(nb)
+    assert "No runs in /no/runs: python scripts/sweep.py configs/sweeps/context_cpu.yaml" in text
+    assert "mqar-rebased, softmax: reaches 99% at L = [128, 256, 512, 1024]" in text
+    assert "mqar-zoology, softmax (random fill): reaches 99% at L = [256]" in text
+    assert "LT_chunked seed=0: gap to flash" in text and "does not grow with context" in text
+    shown = _table_lines(text)
+    assert len(shown) >= 15 and [line for line in shown if line not in docs] == []
+    assert (figs / "mqar_accuracy.png").exists()  # the default folder: the cache's
+    nb, _ = execute("loss_curves.ipynb", kernel, tmp_path / "b", figs=False, LEARNING_RUNS="/none")
+    text = outputs(nb)
+    assert "No runs in /none. The post's study: python scripts/sweep.py" in text
+    post = json.loads((ROOT / "benchmarks" / "results" / "published_post.json").read_text())
+    assert f"{post['final_train_loss']['124M']['softmax']['1024']:.3f}" in text
+    nb, _ = execute("step_time_analysis.ipynb", kernel, tmp_path / "c", figs=False)
+    readme = [line for line in _table_lines(outputs(nb)) if "**" in line]
+    assert len(readme) == 2 and all(line in docs for line in readme)
+
+
+def test_notebooks_cite_only_files_in_the_repository():
+    """What a notebook cites (a path in its text or code) is in the repository, never a file of
+    the machine it was written on."""
+    import re
+
+    for nb in (ROOT / "notebooks").glob("*.ipynb"):
+        text = nb.read_text() + (ROOT / "notebooks" / "make_notebooks.py").read_text()
+        assert not re.search(r"(?<![\w.])/(work|home|tmp|root|Users)/", text), nb.name
+        for path in re.findall(
+            r"`((?:benchmarks|configs|docs|scripts|tests|linear_gpt2)/[^`* ]+)`", text
+        ):
+            assert (ROOT / path).exists() or "*" in path or "{" in path, (nb.name, path)
 
 
 def test_plot_runs_draws_the_context_figures(tmp_path):
@@ -125,7 +207,8 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
     table = (out / "context_table.md").read_text()
     assert "| flash | 5.600 | 5.450 |" in table and "LT_chunked+reset" in table
     csv_rows = (out / "context_table.csv").read_text().splitlines()
-    assert csv_rows[0] == "size,variant,context,seed,steps,val,train,gap,train_s,spikes,name"
+    header = "size,variant,context,seed,steps,val,train,gap,train_s,spikes,name,label,step_ms"
+    assert csv_rows[0] == header
     assert len(csv_rows) == 9
     for row in csv.DictReader(csv_rows):
         records = [
@@ -134,6 +217,80 @@ def test_plot_runs_draws_the_context_figures(tmp_path):
         ]
         spikes = [x["diag/spikes"] for x in records if "diag/spikes" in x]
         assert row["spikes"] == str(spikes[-1]) and row["seed"] == "0", row
+
+
+def _write_run(root: Path, name: str, attention: dict, seed: int = 0, cp: int = 1, val=5.0):
+    """A run directory as the trainer writes one (config.yaml, metrics.jsonl): four steps, the
+    first slow (it compiled), an evaluation at the last."""
+    import yaml
+
+    run = root / name
+    run.mkdir(parents=True)
+    config = {
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 128, "vocab_size": 50304},
+        "attention": {"chunk_size": 64, "kernel": "auto", **attention},
+        "data": {"context": 128, "path": str(root / "data" / name)},
+        "train": {"context_parallel": cp, "max_steps": 4},
+        "log": {"name": name, "run_dir": str(run)},
+        "checkpoint": {"every": 100},
+        "seed": seed,
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    times = [9.0, 0.1 * (1 + seed + cp), 0.1 * (1 + seed + cp), 0.5]
+    lines = [{"step": i + 1, "loss": 6.0 - 0.1 * i, "step_time_s": t, "hours": i / 3600}
+             for i, t in enumerate(times)]  # fmt: skip
+    lines[-1]["val_loss"] = val
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+@pytest.mark.slow
+def test_plot_runs_labels_each_run_by_what_sets_it_apart_and_never_merges_two(tmp_path):
+    """A chunk-size sweep, a kernel, context parallelism, a variant's own option, two seeds and
+    two identical runs, all at one size and context: scripts/plot_runs.py gives each run its own
+    row and line, labelled by what differs, with its median step time (its first, compiling
+    step left out); logging, checkpointing and data paths, which differ in every run, never
+    label."""
+    runs = tmp_path / "runs"
+    _write_run(runs, "flash_s0", {"name": "flash"}, val=5.00)
+    _write_run(runs, "flash_s1", {"name": "flash"}, seed=1, val=5.02)
+    _write_run(runs, "lt_c32", {"name": "LT_chunked", "chunk_size": 32}, val=5.10)
+    _write_run(runs, "lt_c64", {"name": "LT_chunked"}, val=5.11)
+    _write_run(runs, "lt_c64_pallas", {"name": "LT_chunked", "kernel": "pallas"}, val=5.12)
+    _write_run(runs, "lt_c64_cp2", {"name": "LT_chunked"}, cp=2, val=5.13)
+    _write_run(runs, "mine_a", {"name": "my_lab.attn", "extra": {"alpha": 0.5}}, val=5.2)
+    _write_run(runs, "mine_b", {"name": "my_lab.attn", "extra": {"alpha": 1.0}}, val=5.3)
+    _write_run(runs, "mine_b_again", {"name": "my_lab.attn", "extra": {"alpha": 1.0}}, val=5.4)
+    out = tmp_path / "figs"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "plot_runs.py"), str(runs), "--out", str(out)],
+        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in csv.DictReader((out / "context_table.csv").open())}
+    assert len(rows) == 9 and len({r["label"] for r in rows.values()}) == 9
+    assert rows["flash_s0"]["label"] == "flash seed=0"
+    assert rows["flash_s1"]["label"] == "flash seed=1"
+    lt = "LT_chunked chunk_size={}, kernel={}, context_parallel={}"
+    assert rows["lt_c32"]["label"] == lt.format(32, "auto", 1)
+    assert rows["lt_c64_pallas"]["label"] == lt.format(64, "pallas", 1)
+    assert rows["lt_c64_cp2"]["label"] == lt.format(64, "auto", 2)
+    assert rows["mine_a"]["label"] == "my_lab.attn alpha=0.5"
+    assert {rows["mine_b"]["label"], rows["mine_b_again"]["label"]} == {
+        "my_lab.attn alpha=1.0 [mine_b]", "my_lab.attn alpha=1.0 [mine_b_again]"}  # fmt: skip
+    # The median step without the compiling first: 0.1 * (1 + seed + cp) seconds.
+    assert float(rows["flash_s1"]["step_ms"]) == pytest.approx(300.0)
+    assert float(rows["lt_c64_cp2"]["step_ms"]) == pytest.approx(300.0)
+    assert float(rows["lt_c32"]["gap"]) == pytest.approx(0.10)  # against flash of its seed
+    table = (out / "context_table.md").read_text()
+    assert (
+        "| LT_chunked chunk_size=32, kernel=auto, context_parallel=1 | 5.100 (+0.100), 200 ms/step |"
+        in table
+    )
+    assert table.count("| my_lab.attn alpha=1.0 [") == 2 and "data" not in table.split("|")[1]
+    final = (out / "final_loss.md").read_text()
+    row = next(line for line in final.splitlines() if line.startswith("| lt_c64_cp2 |"))
+    assert "| LT_chunked chunk_size=64, kernel=auto, context_parallel=2 |" in row
+    assert row.endswith("| 300.0 |")  # the median step beside the final loss
 
 
 def test_one_model_swept_over_contexts_and_gates_is_one_size():

@@ -1,11 +1,14 @@
 """Sweeps: grid/point expansion and run names, a 2 x 2 sweep that trains and is skipped when
-run again, the dry run, the SLURM array script, command-line overrides in every kind of run, and
-reruns after the config changed."""
+run again, the dry run, the SLURM array script, command-line overrides in every kind of run,
+reruns after the config changed, and stop signals (Ctrl-C, SIGTERM) to the sweep's process group
+or to the sweep alone."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -231,3 +234,98 @@ def test_sweep_command_line_errors(tmp_path, capsys):
     for word in doc.split():
         if word.startswith("configs/sweeps/"):
             assert (ROOT / word).is_file(), word
+
+
+# --------------------------------------------------------------------------------------------
+# Signals (issue 38): the point in training checkpoints, the sweep stops and says so
+
+# Steps that never end on their own, metrics every step, checkpoints only when stopped.
+ENDLESS = {**TINY, "train.max_steps": 100000, "checkpoint.every": 100000, "log.every": 100000}
+
+
+def _start_sweep(path: Path, *args: str) -> subprocess.Popen:
+    """``scripts/sweep.py`` as a user's shell starts it: a process group of its own."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "sweep.py"), str(path), *args],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for_steps(proc: subprocess.Popen, run: Path, steps: int = 2, timeout: float = 180):
+    metrics, t0 = run / "metrics.jsonl", time.monotonic()
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < timeout, "the point never trained"
+        time.sleep(0.2)
+
+
+def _alive(path: Path) -> list[int]:
+    """Processes still running this sweep file (the sweep or a point of it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(path) in cmd and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def _stopped_point(tmp_path: Path, proc: subprocess.Popen, code: int, sig: str) -> int:
+    """The checks after a stop signal: exit code, one line saying so, the first point marked
+    interrupted at the step it checkpointed (every step it logged, each once), the second
+    never started, nothing left running. Returns the step."""
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == code, out[-3000:] + err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: sweep test-sweep interrupted by {sig}"
+    )
+    assert "1 point not started" in errors[0] and "run the same command again" in errors[0]
+    run = tmp_path / "runs" / "ctx16"
+    marker = json.loads((run / "INTERRUPTED").read_text())
+    step = marker["step"]
+    assert marker["signal"] == sig and step >= 2 and not (run / "DONE").exists()
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [step]
+    assert _steps(run) == list(range(1, step + 1))
+    assert f"checkpointed at step {step}" in errors[0]
+    assert not (tmp_path / "runs" / "ctx32").exists()
+    assert _alive(tmp_path / "sweep.yaml") == []
+    return step
+
+
+@SLOW
+def test_ctrl_c_to_the_sweeps_group_stops_it_and_a_rerun_resumes_the_point(tmp_path, capsys):
+    path = write_sweep(tmp_path, overrides=ENDLESS, grid={"data.context": [16, 32]})
+    proc = _start_sweep(path)
+    _wait_for_steps(proc, tmp_path / "runs" / "ctx16")
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground group
+    step = _stopped_point(tmp_path, proc, 130, "SIGINT")
+
+    script = load_script("sweep")
+    assert script.main([str(path), "--dry-run"]) == 0
+    assert f"[0] interrupted ctx16 (by SIGINT, checkpointed at step {step})" in (
+        capsys.readouterr().out
+    )
+    # The same command, two more steps: the point resumes from its checkpoint, then the next runs.
+    assert script.main([str(path), "--in-process", f"train.max_steps={step + 2}"]) == 0
+    assert "[0] ctx16: running (resuming: interrupted by SIGINT" in capsys.readouterr().out
+    assert _steps(tmp_path / "runs" / "ctx16") == list(range(1, step + 3))
+    assert _steps(tmp_path / "runs" / "ctx32") == list(range(1, step + 3))
+    assert not (tmp_path / "runs" / "ctx16" / "INTERRUPTED").exists()
+
+
+@SLOW
+@pytest.mark.parametrize("in_process", [False, True], ids=["subprocess", "in-process"])
+def test_sigterm_to_the_sweep_alone_stops_the_point_and_the_sweep(tmp_path, in_process):
+    path = write_sweep(tmp_path, overrides=ENDLESS, grid={"data.context": [16, 32]})
+    proc = _start_sweep(path, *(["--in-process"] if in_process else []))
+    _wait_for_steps(proc, tmp_path / "runs" / "ctx16")
+    proc.send_signal(signal.SIGTERM)  # a scheduler's notice to the sweep's process only
+    _stopped_point(tmp_path, proc, 143, "SIGTERM")

@@ -186,7 +186,7 @@ KERNEL_SHAPE = (1, 48, 2, 5, 16)  # taylor2 at Dk = 5: 21 features, 2 blocks of 
 @pytest.mark.parametrize(
     "name, kernel",
     [
-        ("LT_chunked", "pallas_chunk"),
+        pytest.param("LT_chunked", "pallas_chunk", marks=pytest.mark.slow),
         ("LT_attention_parallel", "pallas_blocked"),
         ("LT_attention_parallel", "pallas_tiled"),
     ],
@@ -195,6 +195,7 @@ def test_kernels_take_wider_keys(name, kernel):
     check(name, "taylor2", KERNEL_SHAPE, forget=True, kernel=kernel, chunk_size=16)
 
 
+@pytest.mark.slow  # over 4 s on 2 cores
 def test_chunked_kernel_state_in_and_out_with_wider_keys():
     """The decoder's prefill through the kernels: an initial state of d' x D and the final
     state, differentiated, against the oracle (the XLA chunked form)."""
@@ -249,7 +250,9 @@ def test_single_pass_refuses_wider_keys_and_pallas_takes_them():
 # The recurrent decoder: the expanded state, equal to the full sequence
 
 
-@pytest.mark.parametrize("fm", EXPANDING)
+@pytest.mark.parametrize(
+    "fm", [pytest.param("taylor2", marks=pytest.mark.slow), "power2", "rebased"]
+)
 def test_decoder_state_is_expanded_and_equals_forward(fm):
     """A prefill then steps with resets and gates: the full sequence's output (the decoder's
     contract; the float64 reference above holds the function)."""
@@ -283,6 +286,7 @@ def _model(fm: str, **kw) -> ModelConfig:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # over 4 s on 2 cores
 def test_model_projects_q_and_k_and_normalises_them_for_rebased():
     p = init_params(_model("taylor2"), 0)["h"]["attn"]
     assert p["c_attn"]["kernel"].shape == (2, 16, 2 * 2 * 3 + 16)  # q, k: H x 3; v: C
@@ -304,6 +308,7 @@ def test_model_projects_q_and_k_and_normalises_them_for_rebased():
     assert rel_err(forward(shifted, tokens, cfg), forward(params, tokens, cfg)) > 1e-3
 
 
+@pytest.mark.slow  # over 4 s on 2 cores
 @pytest.mark.parametrize("fm", ["taylor2", "rebased"])
 def test_sampling_with_the_expanded_state_equals_the_forward(fm):
     """Prefill then one token at a time with the recurrent state of d' x D per head: the logits
@@ -324,10 +329,26 @@ def test_sampling_with_the_expanded_state_equals_the_forward(fm):
     assert rel_err(jnp.concatenate(out, axis=1), full) <= 1e-5
 
 
-def test_feature_dim_errors():
-    with pytest.raises(ConfigError, match=r"feature_dim: 'softmax' projects no features"):
-        ModelConfig(attention="softmax", feature_dim=16)
-    with pytest.raises(ConfigError, match=r"feature_dim: must be an int >= 0"):
+def test_feature_dim_is_declared_checked_and_not_resume_changeable():
+    """``feature_dim`` is one field of the linear family's options: typed, checked against the
+    feature map at config load (one line naming the key), and, since it changes c_attn's
+    shape (and feature_map the parameters of rebased), not changeable on resume."""
+    from linear_gpt2.training.config import load_config
+
+    with pytest.raises(ConfigError, match=r"^feature_dim: must be >= 0, got -1$"):
         ModelConfig(attention="LT_chunked", feature_dim=-1)
-    with pytest.raises(ConfigError, match="valid choices|taylor2"):
+    with pytest.raises(ConfigError, match=r"^feature_dim: wrong type: expected int"):
+        ModelConfig(attention="LT_chunked", feature_dim="many")
+    with pytest.raises(ConfigError, match=r"^attention\.feature_dim: rebased needs q and k of at "):
+        load_config(None, ["attention.name=LT_chunked", "attention.feature_map=rebased",
+                           "attention.feature_dim=1"])  # fmt: skip
+    with pytest.raises(ConfigError, match="taylor2"):
         ModelConfig(attention="LT_chunked", feature_map="taylor3")
+    cfg = load_config(None, ["attention.name=LT_chunked", "attention.feature_map=taylor2",
+                             "attention.feature_dim=16"])  # fmt: skip
+    assert cfg.model_config.qk_dim == 16 and cfg.model_config.feature_dim == 16
+    assert not cfg.resume_may_change("attention.feature_dim")
+    assert not cfg.resume_may_change("attention.feature_map")
+    assert cfg.resume_may_change("attention.kernel")
+    # Like every option only other variants declare: checked, then dropped for softmax.
+    assert ModelConfig(attention="softmax", feature_dim=16).qk_dim == 64

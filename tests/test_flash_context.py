@@ -1,4 +1,4 @@
-"""``flash`` under context parallelism (attention/flash_context.py): ring attention with a fused
+"""``flash`` under context parallelism (kernels/flash/ring.py): ring attention with a fused
 op per block, against one device and against float64."""
 
 import json
@@ -13,7 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_gpt2.attention import flash, flash_context
+from linear_gpt2 import attention
+from linear_gpt2.kernels import KernelUnavailableError
+from linear_gpt2.kernels.flash import ops as flash_ops
+from linear_gpt2.kernels.flash import ring as flash_context
 from tests.helpers import SLOW, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,15 +157,15 @@ def test_context_block_choice_on_cpu():
     """XLA blocks on a CPU, whole while a block's float32 scores stay small (B H S^2 4 bytes up
     to 256 MiB), in tiles past that; cuDNN refused, Pallas refused."""
     q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
-    assert flash._context_block("xla", q, None, 2) is flash_context.XLA
-    assert flash._context_block("auto", q, None, 2) is flash_context.XLA
+    assert flash_ops.context_block("xla", q, None, 2) is flash_context.XLA
+    assert flash_ops.context_block("auto", q, None, 2) is flash_context.XLA
     big = jax.ShapeDtypeStruct((1, 8 * 4096, 12, 64), jnp.bfloat16)  # slices of 4096 over 8
-    assert flash._context_block("auto", big, None, 8) is flash_context.XLA_TILED
-    assert flash._context_block("xla", big, None, 16) is flash_context.XLA  # slices of 2048
-    with pytest.raises(flash.KernelUnavailableError, match="kernel=cudnn under context"):
-        flash._context_block("cudnn", q, None, 2)
+    assert flash_ops.context_block("auto", big, None, 8) is flash_context.XLA_TILED
+    assert flash_ops.context_block("xla", big, None, 16) is flash_context.XLA  # slices of 2048
+    with pytest.raises(KernelUnavailableError, match="kernel=cudnn under context"):
+        flash_ops.context_block("cudnn", q, None, 2)
     with pytest.raises(NotImplementedError, match="kernel=pallas does not run"):
-        flash._context_block("pallas", q, None, 2)
+        flash_ops.context_block("pallas", q, None, 2)
 
 
 def test_modelled_ring_bytes():
@@ -190,10 +193,10 @@ def test_ring_option_errors():
     from linear_gpt2.platform.errors import ConfigError
     from linear_gpt2.training.config import load_config
 
-    with pytest.raises(ValueError, match="ring='spiral' is not a ring layout; use one of zigzag"):
-        flash.make(ring="spiral")
+    with pytest.raises(ValueError, match="ring: 'spiral' is not valid; valid values: zigzag, cont"):
+        attention.get("flash", ring="spiral")
     base = ["attention.name=flash", "train.context_parallel=4", "model.block_size=128"]
-    with pytest.raises(ConfigError, match=r"^attention.ring: ring='spiral' is not a ring layout"):
+    with pytest.raises(ConfigError, match=r"^attention.ring: 'spiral' is not valid"):
         load_config(str(ROOT / "configs/default.yaml"), [*base, "attention.ring=spiral"])
     odd = [*base, "data.context=36"]  # slices of 9 tokens
     with pytest.raises(
@@ -201,7 +204,7 @@ def test_ring_option_errors():
     ):
         load_config(str(ROOT / "configs/default.yaml"), odd)
     cfg = load_config(str(ROOT / "configs/default.yaml"), [*odd, "attention.ring=contiguous"])
-    assert dict(cfg.model_config.attention_extra) == {"ring": "contiguous"}
+    assert cfg.model_config.ring == "contiguous"
 
 
 # --------------------------------------------------------------------------------------------

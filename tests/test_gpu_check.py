@@ -1,7 +1,9 @@
 """``make gpu-check`` (scripts/gpu_check.py, linear_gpt2/experiments/gpu_check/) without a GPU:
-the dry run's stages and estimate within budget, the one-line refusal on a machine without a
-GPU, and every stage's CPU path on tiny shapes: its units, the result files and their page,
-resumption (a unit done is not run again) and ``--only`` / ``--skip`` / ``--time-limit``."""
+the windows (each within its limit, window 1 the headline, a shorter limit smaller windows), the
+one-line refusal on a machine without a GPU, a whole window's CPU path on tiny shapes with its
+steps compiled into a store here and loaded by the units (pack, unpack and merge, reports;
+an interrupted window resumed; an H200's archive in H200 files), and the H100 store's key: the
+one a fresh process elsewhere computes, from inputs the last GPU run recorded."""
 
 from __future__ import annotations
 
@@ -9,40 +11,88 @@ import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from linear_gpt2.experiments import reports
-from linear_gpt2.experiments.gpu_check import learning, plan, profile, runner, stages, testfiles
+from linear_gpt2.experiments.gpu_check import (
+    compiled,
+    host,
+    learning,
+    plan,
+    profile,
+    runner,
+    stages,
+    testfiles,
+)
 from linear_gpt2.platform.errors import UsageError
 from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 HAS_GPU = any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0"))
+HEADLINE = [("step", f"124M_{k}") for k in ("1k", "4k", "16k", "64k")] + [
+    ("kernels", "ours_1x12x64"), ("kernels", "fla_1x12x64")]  # fmt: skip
 
 
-def run_script(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def run_script(*args: str, timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)  # fmt: skip
+                          timeout=timeout, cwd=cwd)  # fmt: skip
 
 
-def test_dry_run_lists_every_stage_and_fits_the_budgets():
-    r = run_script("--dry-run")
+def _argv(u: plan.Unit) -> str:
+    return " ".join(u.argv)
+
+
+def test_windows_fit_their_limit_and_window_one_is_the_headline(tmp_path):
+    p = stages.build(RESULTS, store=tmp_path / "no_store")
+    wins = plan.windows(p, plan.WINDOW_LIMIT_S)
+    assert all(w.seconds <= plan.WINDOW_LIMIT_S for w in wins), [w.seconds for w in wins]
+    every = [k for w in wins for k in w.keys()]
+    assert sorted(every) == sorted((s.name, u.name) for s in p.stages for u in s.units)
+    assert wins[0].keys()[: len(HEADLINE)] == HEADLINE
+    assert ("compile_ab", "124M_4k") in wins[0].keys()
+    units = {(s.name, u.name): u for s in p.stages for u in s.units}
+    for name, t in (("1k", 1024), ("4k", 4096), ("16k", 16384), ("64k", 65536)):
+        argv = _argv(units[("step", f"124M_{name}")])
+        assert f"--contexts {t} --attentions flash LT_chunked" in argv, argv
+        assert argv.startswith("-m linear_gpt2.experiments.gpu_check.compiled scripts/bench_step")
+        assert int(re.search(r"--repeats (\d+)", argv)[1]) >= 5
+    assert "--B 1 --H 12 --D 64 --Ts 4096 16384 65536" in _argv(units[("kernels", "ours_1x12x64")])
+    assert "--peer fla" in _argv(units[("kernels", "fla_1x12x64")])
+    assert "compiled" not in _argv(units[("compile_ab", "124M_4k")])  # compiled on the GPU
+    # A shorter limit: smaller windows, more of them, the headline still first.
+    short = plan.windows(p, 300)
+    assert all(w.seconds <= 300 for w in short) and len(short) > len(wins)
+    assert [k for w in short for k in w.keys()][: len(HEADLINE)] == HEADLINE
+    assert max(len(w.items) for w in short) < max(len(w.items) for w in wins)
+
+
+def test_dry_run_prints_the_windows_and_the_last_one_run(tmp_path):
+    res = tmp_path / "res"
+    shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("*.png"))
+    record = {"meta": {"how": "measured", "environment": {}}, "units": [], "windows": [{
+        "window": 1, "device_kind": "NVIDIA H100 80GB HBM3", "estimate_s": 501.0,
+        "seconds": 432.5, "units": 11, "units_done": 11, "started_utc": "2026-12-01T10:00:00Z"}]}  # fmt: skip
+    (res / "gpu_check_h100_measured.json").write_text(json.dumps(record))
+    r = run_script("--dry-run", "--time-limit", "300", "--results", str(res), "--run-dir",
+                   str(tmp_path / "run"), "--store", str(tmp_path / "store"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    for name in ("tests", "kernels", "step", "profile", "sample", "memory", "mqar", "context"):
-        assert re.search(rf"^\s+\d\. {name}\s", out, re.M), name
-    for phase in plan.PHASES:
-        minutes = float(re.search(rf"^{phase}: estimated ([\d.]+) min", out, re.M).group(1))
-        assert 0 < minutes <= plan.PHASE_BUDGET_S[phase] / 60, (phase, minutes)
-    # Each stage's work and the assumptions it rests on, stated.
-    assert "work: " in out and "priced from measured: " in out
-    assert re.search(r"^assumptions .*\n  \w+ = ", out, re.M)
-    assert "step_time_h100_124M_flash_LT_chunked.json" in out  # priced from the measured H100
+    assert re.search(r"^make gpu-check on h100: \d+ windows of at most 300 s", out, re.M), out
+    assert "last window run: 1 on NVIDIA H100 80GB HBM3, estimated 501 s, took 432 s" in out
+    assert re.search(r"^window 1: estimated \d+ s of 300 .*<- next$", out, re.M)
+    assert "step/124M_1k" in out.split("window 2:")[0]
+    assert "priced from:\n  measured: " in out and re.search(
+        r"^assumptions .*\n  \w+ = ", out, re.M
+    )
 
 
 @SLOW
@@ -51,7 +101,7 @@ def test_make_honours_dry_run_and_args():
         r = subprocess.run([*cmd, f"PY={sys.executable}"], capture_output=True, text=True,
                            cwd=ROOT, timeout=300)  # fmt: skip
         assert r.returncode == 0, r.stderr
-        assert "(dry run: nothing runs)" in r.stdout and "learning: estimated" in r.stdout
+        assert "dry run: nothing runs" in r.stdout and "window 1: estimated" in r.stdout
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the refusal on a machine without a GPU")
@@ -64,11 +114,21 @@ def test_without_a_gpu_it_says_so_in_one_line_and_does_nothing(tmp_path):
 
 
 def test_select_only_skip_and_a_bad_name():
-    p = stages.build(ROOT / "benchmarks" / "results", tiny=True)
+    p = stages.build(RESULTS, tiny=True)
     assert [s.name for s in p.select(["step", "learning"]).stages] == ["step", "mqar", "context"]
     assert "tests" not in [s.name for s in p.select(skip=["tests"]).stages]
     with pytest.raises(UsageError, match="unknown stage 'steps'; the stages are checks, learning"):
         p.select(["steps"])
+
+
+def test_an_archive_with_a_foreign_member_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "bad.tar.gz"
+    (tmp_path / "x").write_text("x")
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(tmp_path / "x", arcname="../escape")
+    with pytest.raises(UsageError, match="unexpected member '../escape'"):
+        host.unpack(bad, tmp_path / "dest")
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "dest").exists()
 
 
 def test_counts_gpu_tests_from_the_source():
@@ -129,45 +189,160 @@ def _page_is_rendered(path: Path) -> None:
     assert new == text and "<!-- generated:" in text
 
 
+def _as_h200(archive: Path, out: Path) -> None:
+    """The archive as an H200's window would be: its environment says so."""
+    tmp = out.parent / "h200_src"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+    (run,) = (tmp / "runs" / "gpu_check").iterdir()
+    env_path = run / "environment.json"
+    env = json.loads(env_path.read_text())
+    env.update(platform="gpu", device_kind="NVIDIA H200", label=None)
+    env_path.write_text(json.dumps(env))
+    for path in run.rglob("*.json"):  # and each unit's own provenance
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "environment" in data.get("meta", {}):
+            data["meta"]["environment"].update(platform="gpu", device_kind="NVIDIA H200")
+            path.write_text(json.dumps(data))
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(run, arcname=f"runs/gpu_check/{run.name}")
+
+
 @SLOW
-def test_tiny_run_of_every_stage_resumes_and_skips(tmp_path):
-    """Every stage's CPU path on tiny shapes, in subprocesses as on the GPU: the units finish,
-    their results land in the results folder with provenance and render; a second run runs
-    nothing; a unit whose record is removed runs again, and only it; --time-limit stops before
-    a unit whose estimate does not fit."""
-    run, res = tmp_path / "run", tmp_path / "res"
-    args = ("--tiny", "--run-dir", str(run), "--results", str(res), "--no-progress")
-    r = run_script(*args, timeout=1500)
+def test_tiny_window_compiled_here_run_packed_resumed_and_unpacked(tmp_path):
+    """Window 1 of the tiny plan, as on the GPU: its steps compiled here into a store (for the
+    CPU), the units in subprocesses loading them, an archive packed after every unit; a unit
+    whose record is gone (a window cut short) runs again, and only it; the archive merged back
+    into other folders with its reports and headline; the same archive as an H200's lands in
+    H200 files beside the others, never in them."""
+    res, run, store, out = tmp_path / "res", tmp_path / "run", tmp_path / "store", tmp_path / "out"
+    shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("*.png", "*_tiny_cpu_measured*"))
+    common = ("--tiny", "--time-limit", "130", "--stop-after", "5000", "--run-dir", str(run),
+              "--store", str(store), "--results", str(res))  # fmt: skip
+    c = run_script(*common, "--compile-here", "--window", "1")
+    assert c.returncode == 0, c.stdout[-2000:] + c.stderr[-2000:]
+    index = json.loads((store / compiled.INDEX).read_text())
+    assert sorted(e["setting"][0] for e in index.values()) == ["LT_chunked"] * 2 + ["flash"] * 2
+
+    archive = out / "gpu_check.tar.gz"
+    r = run_script(*common, "--window", "next", "--pack", str(archive), "--no-progress")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    p = stages.build(ROOT / "benchmarks" / "results", tiny=True)
+    p = stages.build(res, tiny=True, store=store)
+    (w1, *_) = plan.windows(p, 130)
+    assert [k for k in w1.keys()] == [("step", "tiny_64"), ("step", "tiny_128"),
+                                      ("kernels", "ours_1x2x16"), ("kernels", "fla_1x2x16"),
+                                      ("compile_ab", "tiny_64")]  # fmt: skip
     done = runner.done_units(run, p)
-    assert set(done) == {(s.name, u.name) for s in p.stages for u in s.units}
-    assert all(d["status"] == "ok" for d in done.values()), done
-    dev = "tiny_cpu"
-    for name in ("gpu_tests", "kernels", "step_time", "profile", "sample_time", "memory_check",
-                 "mqar", "context", "gpu_check"):  # fmt: skip
-        data = json.loads((res / f"{name}_{dev}_measured.json").read_text())
+    assert set(done) == set(w1.keys()) and all(d["status"] == "ok" for d in done.values())
+    for unit in ("tiny_64", "tiny_128"):  # every step the units asked for came from the store
+        looked = [json.loads(ln) for ln in (run / "step" / unit / "compiled.jsonl").read_text()
+                  .splitlines()]  # fmt: skip
+        assert [e["status"] for e in looked] == ["loaded", "loaded"], looked
+    assert not (run / "compile_ab" / "tiny_64" / "compiled.jsonl").exists()
+    rec = json.loads((run / "windows.jsonl").read_text().splitlines()[-1])
+    assert rec["window"] == 1 and rec["units_done"] == 5 and len(rec["unit_times"]) == 5
+
+    # Cut short before step/tiny_128 finished: only it runs again.
+    kept = {k: (run / k[0] / k[1] / runner.DONE).stat().st_mtime_ns for k in w1.keys()}
+    (run / "step" / "tiny_128" / runner.DONE).unlink()
+    again = run_script(*common, "--window", "next", "--no-progress")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert re.findall(r"^(\S+): ok in", again.stdout, re.M) == ["step/tiny_128"], again.stdout
+    for k, mtime in kept.items():
+        if k != ("step", "tiny_128"):
+            assert (run / k[0] / k[1] / runner.DONE).stat().st_mtime_ns == mtime, k
+    nothing = run_script(*common, "--window", "next", "--stop-after", "1", "--no-progress")
+    assert "window 2 of" in nothing.stdout and "stopped at the time limit" in nothing.stdout
+
+    # Back here, into other folders.
+    back_res, back_runs = tmp_path / "back_res", tmp_path / "back_runs"
+    shutil.copytree(
+        RESULTS, back_res, ignore=shutil.ignore_patterns("*.png", "*_tiny_cpu_measured*")
+    )
+    u = run_script("--unpack", str(archive), "--results", str(back_res), "--runs", str(back_runs))
+    assert u.returncode == 0, u.stdout[-2000:] + u.stderr[-2000:]
+    assert "before:\n(no results of tiny_cpu yet)" in u.stdout and "\nafter:\n" in u.stdout
+    assert "| tiny | `LT_chunked` | 64 |" in u.stdout.split("after:")[1]
+    for name in ("step_time", "kernels", "compile_ab", "gpu_check"):
+        data = json.loads((back_res / f"{name}_tiny_cpu_measured.json").read_text())
         assert data["meta"]["how"] == "measured", name
-    step = json.loads((res / f"step_time_{dev}_measured.json").read_text())
-    assert {r["attention"] for r in step["results"]} == {"softmax", "LT_chunked"}
-    assert all(r["min_ms"] <= r["median_ms"] <= r["max_ms"] for r in step["results"])
-    assert step["meta"]["environment"]["git_commit"]
-    ctx = json.loads((res / f"context_{dev}_measured.json").read_text())
-    assert len(ctx["runs"]) == 2 and all(r["curve"] for r in ctx["runs"])
-    page = res / f"gpu_check_{dev}_measured.md"
-    _page_is_rendered(page)
-    for heading in ("GPU tests", "Kernels", "Training step", "Where the step's time goes",
-                    "Sampling", "Memory", "MQAR", "Context study"):  # fmt: skip
-        assert f"## {heading}" in page.read_text(), heading
+        assert f"{name}_tiny_cpu_measured.json" in (back_res / "README.md").read_text()
+    ab = json.loads((back_res / "compile_ab_tiny_cpu_measured.json").read_text())["rows"]
+    assert {r["attention"] for r in ab} == {"flash", "LT_chunked"}
+    assert all(r["loaded"] == r["looked_up"] == 2 and r["ratio"] > 0 for r in ab)
+    _page_is_rendered(back_res / "gpu_check_tiny_cpu_measured.md")
+    assert (back_runs / "tiny_cpu" / "step" / "tiny_64" / runner.DONE).is_file()
 
-    again = run_script(*args, "--only", "checks")
-    assert again.returncode == 0 and ": ok in" not in again.stdout, again.stdout
-    (run / "step" / "tiny_64" / runner.DONE).unlink()
-    redo = run_script(*args, "--skip", "learning")
-    assert redo.returncode == 0, redo.stderr
-    assert re.findall(r"^(\S+): ok in", redo.stdout, re.M) == ["step/tiny_64"], redo.stdout
+    h200 = tmp_path / "h200.tar.gz"
+    _as_h200(archive, h200)
+    others = "*_tiny_cpu_measured.*", "*h100*"
+    before = {f.name: f.read_bytes() for g in others for f in back_res.glob(g)}
+    v = run_script("--unpack", str(h200), "--results", str(back_res), "--runs", str(back_runs))
+    assert v.returncode == 0, v.stdout[-2000:] + v.stderr[-2000:]
+    assert "not compared with the H100's" in v.stdout and "post" not in v.stdout.split("after:")[1]
+    steps = json.loads((back_res / "step_time_h200_measured.json").read_text())
+    assert steps["meta"]["environment"]["device_kind"] == "NVIDIA H200"
+    assert (back_runs / "h200" / "step" / "tiny_64" / runner.DONE).is_file()
+    assert {f.name: f.read_bytes() for g in others for f in back_res.glob(g)} == before
 
-    (run / "memory" / p.stage("memory").units[0].name / runner.DONE).unlink()
-    stopped = run_script(*args, "--only", "memory", "--time-limit", "0.001")
-    assert stopped.returncode == 0 and "stopped at the time limit with 1 units" in stopped.stdout
-    assert not (run / "memory" / p.stage("memory").units[0].name / runner.DONE).exists()
+
+KEY_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import linear_gpt2
+    from linear_gpt2.experiments.gpu_check import compiled
+    from tests_key_program import program
+    print("KEY " + compiled.jax_key(compiled.lower_for(*program(), "h100")))
+    print("FROM " + compiled.__file__)
+""")
+KEY_PROGRAM = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+    from linear_gpt2 import attention
+    from linear_gpt2.experiments.gpu_check import compiled
+
+    def program():
+        fn = attention.get("LT_chunked", kernel="pallas", chunk_size=16)
+        x = jax.ShapeDtypeStruct((1, 64, 2, 16), jnp.bfloat16, sharding=compiled.replicated("h100"))
+        return jax.jit(fn), (x, x, x)
+""")
+
+
+def test_the_h100_store_key_is_the_one_the_gpu_computes(tmp_path):
+    """A program with a Pallas kernel (its Triton IR carries source locations) compiled here
+    for the H100 into a store; a fresh process, from a copy of the package in another folder
+    (the GPU machine's checkout) and another working directory, lowers it again and computes
+    the same key: the key's machine fields are the target's on both sides. The inputs the GPU
+    supplies, jaxlib's version and the device kind, are those the last GPU run recorded; JAX's
+    own persistent-cache key of a deviceless compile would not match on the fields named."""
+    import jaxlib
+
+    (tmp_path / "tests_key_program.py").write_text(KEY_PROGRAM)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from tests_key_program import program
+    finally:
+        sys.path.remove(str(tmp_path))
+    store = compiled.Store(tmp_path / "store")
+    entry = compiled.compile_into(store, compiled.lower_for(*program(), "h100"), "h100",
+                                  {"what": "LT_chunked pallas fwd [1, 64, 2, 16]"})  # fmt: skip
+    assert entry["key"] in store and entry["bytes"] > 0
+
+    elsewhere = tmp_path / "checkout"
+    shutil.copytree(ROOT / "linear_gpt2", elsewhere / "linear_gpt2",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copy(tmp_path / "tests_key_program.py", elsewhere)
+    env = {**os.environ, "PYTHONPATH": str(elsewhere)}
+    r = subprocess.run([sys.executable, "-c", KEY_SCRIPT], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"FROM {elsewhere}" in r.stdout
+    assert re.search(r"^KEY (\S+)$", r.stdout, re.M)[1] == entry["key"]
+
+    gpu, source = host.last_gpu_environment(RESULTS)
+    assert gpu["device_kind"] == compiled.target_kind("h100") == "NVIDIA H100 80GB HBM3", source
+    assert gpu["jaxlib_version"] == jaxlib.__version__
+    fields = {f["field"]: f for f in compiled.plain_cache_fields(gpu)}
+    assert fields["jax_lib version"]["match"] and fields["device kind"]["match"]
+    assert fields["backend version"]["here"].startswith("PJRT C API")
+    if "backend_platform_version" not in gpu:  # no GPU run has recorded these yet
+        assert fields["backend version"]["match"] is None
+        assert fields["accelerator config"]["match"] is None

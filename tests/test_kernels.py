@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from linear_gpt2 import attention, kernels
-from linear_gpt2.attention import linear, lt_attention_parallel, lt_chunked
+from linear_gpt2.attention import linear, lt_attention_parallel
 from linear_gpt2.kernels.lt_attention_parallel import blocked as parallel_kernels
 from linear_gpt2.kernels.lt_attention_parallel import cost as parallel_cost
 from linear_gpt2.kernels.lt_attention_parallel import ops as parallel_ops
@@ -42,6 +42,7 @@ from linear_gpt2.kernels.lt_attention_parallel import plan as parallel_plan
 from linear_gpt2.kernels.lt_attention_parallel import tiled as parallel_tiled
 from linear_gpt2.kernels.lt_chunked import cost, naive, plan, triton_fused
 from linear_gpt2.kernels.lt_chunked import ops as chunked_kernels
+from linear_gpt2.platform import logs
 from tests.helpers import rel_err
 from tests.test_attention_linear import reference, reference_vjp
 
@@ -398,18 +399,22 @@ def test_kernel_options_and_errors():
         with pytest.raises(ValueError, match="int >= 1 or 'auto'"):
             attention.get(name, chunk_size="fast")
     with pytest.raises(
-        NotImplementedError, match="valid kernels: auto, xla, pallas, pallas_tiled, pallas_blocked$"
+        ValueError, match="valid values: auto, xla, pallas, pallas_tiled, pallas_blocked$"
     ):
         attention.get("LT_attention_parallel", kernel="pallas_chunk")
     with pytest.raises(ValueError, match="kernel=pallas_tiled: chunk_size=24 must be a power"):
         attention.get("LT_attention_parallel", kernel="pallas_tiled", chunk_size=24)
     with pytest.raises(
-        NotImplementedError,
-        match="valid kernels: auto, xla, pallas, pallas_chunk, pallas_fused_chunk, triton$",
+        ValueError,
+        match="valid values: auto, xla, pallas, pallas_chunk, pallas_fused_chunk, triton$",
     ):
         attention.get("LT_chunked", kernel="pallas_fast")
-    # auto is xla off a GPU, whatever the chunk size.
-    assert kernels.resolve_kernel("auto", "LT_chunked", lt_chunked.KERNELS, 24) == "xla"
+    # auto is xla off a GPU, whatever the chunk size; another kernel is itself.
+    problem = kernels.tiling_problem(24, 64)
+    assert "chunk_size=24 must be a power of two" in problem
+    assert kernels.resolve_kernel("auto", "LT_chunked", problem=problem) == "xla"
+    assert kernels.resolve_kernel("auto", "LT_chunked") == "xla"
+    assert kernels.resolve_kernel("pallas_chunk", "LT_chunked", problem=problem) == "pallas_chunk"
     assert kernels.padded_head_dim(24) == 32 and kernels.padded_head_dim(8) == 16
 
 
@@ -425,8 +430,11 @@ def test_unsupported_head_dim_is_one_line_up_front():
 
 def test_pallas_chooses_by_shape_and_logs_once(caplog):
     chunked_kernels._LOGGED.clear()
-    kernels.new_choices()
-    with caplog.at_level(logging.INFO, logger="linear_gpt2.kernels.lt_chunked"):
+    printed = []
+    with (
+        caplog.at_level(logging.INFO, logger="linear_gpt2.kernels.lt_chunked"),
+        logs.echo(kernels.CHOICES, printed.append),
+    ):
         for _ in range(2):
             chunked_kernels.choose("pallas", 1, 16384, 12, 64, 64, jnp.bfloat16)
         assert chunked_kernels.choose("pallas_fused_chunk", 1, 16384, 12, 64, 64, "bfloat16") == (
@@ -434,7 +442,7 @@ def test_pallas_chooses_by_shape_and_logs_once(caplog):
         )
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "T=16384" in lines[0] and "pallas_chunk" in lines[0], lines
-    assert kernels.new_choices() == lines and kernels.new_choices() == []  # what the trainer prints
+    assert printed == lines  # what the trainer and scripts/compile.py print
 
 
 def test_cost_model_choices():
@@ -484,8 +492,11 @@ def test_parallel_cost_model_choices():
 
 def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
     parallel_ops._LOGGED.clear()
-    kernels.new_choices()
-    with caplog.at_level(logging.INFO, logger="linear_gpt2.kernels.lt_attention_parallel"):
+    printed = []
+    with (
+        caplog.at_level(logging.INFO, logger="linear_gpt2.kernels.lt_attention_parallel"),
+        logs.echo(kernels.CHOICES, printed.append),
+    ):
         for _ in range(2):
             assert parallel_ops.design("pallas", 1, 16384, 12, 64, 64, jnp.bfloat16) == (
                 "pallas_tiled"
@@ -495,12 +506,12 @@ def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
         )
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "T=16384" in lines[0] and "pallas_tiled bq=128" in lines[0], lines
-    assert kernels.new_choices() == lines
+    assert printed == lines
     spec = attention.spec("LT_attention_parallel")
-    assert spec.kernel_design((1, 16384, 12, 64), "bfloat16", {"kernel": "pallas"}) == (
+    assert spec.kernel_design((1, 16384, 12, 64), "bfloat16", spec.options(kernel="pallas")) == (
         "pallas_tiled"
     )
-    assert spec.kernel_design((1, 1024, 12, 64), "bfloat16", {"kernel": "auto"}) == "xla"
+    assert spec.kernel_design((1, 1024, 12, 64), "bfloat16", spec.options()) == "xla"
 
 
 def _bound_at_4k(path) -> dict[str, float]:
@@ -539,6 +550,24 @@ def test_triton_unavailable_is_a_clear_error():
     with pytest.raises(kernels.KernelUnavailableError, match=r"pip install \.\[triton\]|CUDA GPU"):
         attention.get("LT_chunked", kernel="triton")
     assert triton_fused.unavailable_reason()
+
+
+def test_triton_version_mismatch_is_named(monkeypatch):
+    """A jax-triton made for a newer Triton (it stubs the NVIDIA backend and fails at lowering,
+    as 0.4.1 did with Triton 3.6 on the lent GPU) is named before anything is traced."""
+    from importlib import metadata
+
+    versions = {"triton": "3.6.0", "jax-triton": "0.4.1"}
+    monkeypatch.setattr(metadata, "version", lambda name: versions[name])
+    monkeypatch.setattr(
+        metadata,
+        "requires",
+        lambda name: ["absl-py>=1.4.0", "triton>=3.7", 'pytest; extra == "tests"'],
+    )
+    msg = triton_fused._triton_mismatch()
+    assert msg and "jax-triton 0.4.1 needs triton>=3.7 but triton 3.6.0" in msg
+    versions["triton"] = "3.7.1"
+    assert triton_fused._triton_mismatch() is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -596,6 +625,9 @@ def test_gpu_triton_matches_oracle(dtype):
 
 @pytest.mark.gpu
 def test_gpu_auto_is_pallas():
-    assert kernels.resolve_kernel("auto", "LT_chunked", lt_chunked.KERNELS, 64) == "pallas"
+    assert kernels.resolve_kernel("auto", "LT_chunked", problem=kernels.tiling_problem(64)) == (
+        "pallas"
+    )
     with pytest.warns(UserWarning, match="uses xla"):
-        assert kernels.resolve_kernel("auto", "LT_chunked", lt_chunked.KERNELS, 8) == "xla"
+        problem = kernels.tiling_problem(8)
+        assert kernels.resolve_kernel("auto", "LT_chunked", problem=problem) == "xla"

@@ -269,7 +269,7 @@ def test_decoder_prefill_with_forgetting_through_the_kernels():
     kw = dict(log_gate=jnp.asarray(log_gate), resets=jnp.asarray(resets))
     out = {}
     for kernel in ("pallas", "xla"):
-        dec = linear.make_decoder(chunk_size=16, kernel=kernel, eps=EPS)
+        dec = attention.decoder("LT_chunked", chunk_size=16, kernel=kernel, eps=EPS)
         state = dec.init(2, 1, 16)
         _, state = dec.prefill(state, *(x[:, :8] for x in args))  # a state to continue from
         part = {n: a[:, 8:] for n, a in kw.items()}

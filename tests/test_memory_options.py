@@ -148,12 +148,15 @@ def test_default_cpu_step_is_the_program_compiled_before_the_options():
 
 def test_the_gpu_allocator_share_defaults_high_and_keeps_the_users(tmp_path):
     """JAX's allocator takes 75% of a GPU unless told otherwise, which made auto rematerialise
-    steps that fit on a real H100; importing the package raises the default, never a user's."""
+    steps that fit on a real H100; the process settings raise the default, never a user's."""
     import os
     import subprocess
     import sys
 
-    code = "import os, linear_gpt2; print(os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])"
+    code = (
+        "import os; from linear_gpt2.platform import process; process.configure(); "
+        "print(os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_MEM_FRACTION"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "0.95", out.stderr

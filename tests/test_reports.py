@@ -161,6 +161,9 @@ def test_the_command_checks_and_writes(tmp_path):
     script = [sys.executable, str(ROOT / "scripts" / "render_reports.py"), "--root", str(root)]
     ok = subprocess.run([*script, "--check"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
+    said = ok.stdout.strip().splitlines()  # success says so, in one line
+    assert len(said) == 1 and said[0].startswith("every generated block agrees"), ok.stdout
+    assert re.search(r"\((\d+) blocks in (\d+) documents\)", said[0])
     page = root / "benchmarks" / "results" / "ab_step_time_default.md"
     page.write_text(page.read_text().replace("Ratio of medians", "Ratio"))
     bad = subprocess.run([*script, "--check"], capture_output=True, text=True)
@@ -171,7 +174,8 @@ def test_the_command_checks_and_writes(tmp_path):
 
 
 def test_rendering_needs_no_jax():
-    """The check runs in every `make test` and on any machine: the renderers read files only."""
+    """The check runs in every `make test` and on any machine: the renderers read files only
+    (but the option table of docs/attention.md, which asks the variants' specs when rendered)."""
     code = (
         "import sys; from linear_gpt2.experiments import reports; "
         "assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')], 'jax'"

@@ -257,6 +257,19 @@ def test_the_committed_model_meets_the_error_goal_and_reruns_from_its_cache(tmp_
     assert {t["target"] for t in new["targets"]} >= {"1M tokens <= 4.4 s"}
 
 
+def test_no_compile_without_a_cost_cache_is_one_line(tmp_path):
+    """``--no-compile`` where ``--out`` holds no cost cache: exit 2, one line naming the cache
+    and the fix, nothing written (it was a traceback: no median for empty data)."""
+    out = tmp_path / "empty"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "step_model.py"), "--no-compile",
+           "--out", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    err = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(err) == 1, run.stderr
+    assert err[0].startswith("error: --no-compile:") and "without --no-compile" in err[0]
+    assert "train_step_h100_costs_compiled.json" in err[0] and not out.exists()
+
+
 @SLOW
 def test_the_script_compiles_a_tiny_config_for_the_h100(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "step_model.py"), "--tiny", "--no-loo",

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 
 from linear_gpt2.model import count_params, init_params
 from linear_gpt2.model.config import ModelConfig
@@ -326,6 +327,36 @@ def test_checkpoint_from_another_config_is_refused(setup):
     # Keys that do not change the experiment may differ.
     ok = load_config(config, [*run, "checkpoint.resume=auto", "train.max_steps=2", "log.every=5"])
     assert train(ok).last_step == 2
+
+
+@SLOW
+def test_a_run_whose_config_was_written_before_the_options_moved_resumes(setup):
+    """A run directory and checkpoint whose config main wrote at ddb0b90 (every shared attention
+    option, flash's own ``ring`` under ``extra``: tests/fixtures/config_written_at_ddb0b90.yaml)
+    resume: the file loads as the same config, and the trainer continues the run from it."""
+    from linear_gpt2.training.checkpoint_files import write_manifest
+
+    root, config, base = setup
+    run_dir = root / "written_at_main"
+    overrides = [*base, f"log.run_dir={run_dir}", "train.max_steps=1", "attention.name=flash",
+                 "attention.ring=contiguous", "attention.chunk_size=32"]  # fmt: skip
+    assert train(load_config(config, overrides)).last_step == 1
+    fixture = (ROOT / "tests" / "fixtures" / "config_written_at_ddb0b90.yaml").read_text()
+    data_path = next(o.split("=", 1)[1] for o in base if o.startswith("data.path="))
+    old = fixture.replace("RUN_DIR", str(run_dir)).replace("DATA_PATH", data_path)
+    (run_dir / "config.yaml").write_text(old)
+    step = run_dir / "checkpoints" / "1"
+    meta = json.loads((step / "meta" / "metadata").read_text())
+    meta["config"] = yaml.safe_load(old)
+    (step / "meta" / "metadata").write_text(json.dumps(meta))
+    write_manifest(step)  # the file sizes the damage check compares
+    again = load_config(run_dir / "config.yaml", ["checkpoint.resume=auto", "train.max_steps=2"])
+    assert again.attention.ring == "contiguous" and again.attention.kernel == "auto"
+    assert again == load_config(config, [*overrides[:-4], "attention.name=flash",
+                                         "attention.ring=contiguous", "checkpoint.resume=auto",
+                                         "train.max_steps=2"])  # fmt: skip
+    result = train(again)
+    assert result.last_step == 2 and sorted(result.losses) == [2]
 
 
 def test_max_hours_ends_the_run_with_a_checkpoint(setup):

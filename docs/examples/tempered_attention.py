@@ -6,21 +6,32 @@ select it by module path:
         attention.name=my_lab.tempered_attention attention.temperature=0.5
 
 The module defines ``SPEC``; the rest of the library (config checks, FLOPs and MFU, sampling,
-benchmarks, plots) learns everything it needs from it. tests/test_attention_plugin.py runs this
-very file through train, sample, bench_step and plot_runs.
+benchmarks, plots) learns everything it needs from it. Its options are one frozen dataclass:
+each field is a config key ``attention.<field>``, typed and checked when the config loads
+(``attention.temperature=abc`` or ``=0`` is one line naming the key, before anything is
+written). tests/test_attention_plugin.py runs this very file through train, sample, bench_step
+and plot_runs.
 """
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
-from linear_gpt2.attention import AttentionSpec
+from linear_gpt2.attention import AttentionSpec, Options, option
+from linear_gpt2.attention.options import positive
 from linear_gpt2.attention.spec import quadratic_flops
 
 
-def make(temperature: float = 1.0):
+@dataclasses.dataclass(frozen=True)
+class TemperedOptions(Options):
+    temperature: float = option(1.0, "tau: the scores are divided by tau sqrt(D)", check=positive)
+
+
+def make(options: TemperedOptions):
     """``fn(q, k, v) -> y``, all ``[B, T, H, D]``."""
+    temperature = options.temperature
 
     def fn(q, k, v):
         T, D = q.shape[1], q.shape[-1]
@@ -31,16 +42,10 @@ def make(temperature: float = 1.0):
     return fn
 
 
-def check(options):
-    if options.get("temperature", 1.0) <= 0:
-        raise ValueError(f"temperature must be > 0, got {options['temperature']}")
-
-
 SPEC = AttentionSpec(
     name="tempered_softmax",
     family="softmax",
     make=make,
     flops=quadratic_flops,  # forward matmul FLOPs per token of one layer: 4 T D per head
-    extra_options={"temperature": 1.0},
-    check=check,
+    options=TemperedOptions,
 )

@@ -1,7 +1,7 @@
 """Self-attention, pluggable by name.
 
 Each variant is one module that exports ``SPEC``, an :class:`AttentionSpec` (``spec.py``): its
-name, family, options, kernels, FLOPs, decoder and what it takes. The post's variants are the
+name, family, options class (``options.py``), FLOPs, decoder and what it takes. The post's variants are the
 modules of this package (``registry.BUILTIN``); a variant of your own is a module anywhere on the
 Python path, named in the config by its module path (``attention.name=my_lab.attn.cosine``) or
 registered by its package under the entry-point group ``linear_gpt2.attention``.
@@ -16,22 +16,26 @@ from __future__ import annotations
 from typing import Any
 
 from linear_gpt2.attention import feature_maps
-from linear_gpt2.attention.options import kwargs_for, validate, validate_context
+from linear_gpt2.attention.options import OptionError, Options, option
 from linear_gpt2.attention.registry import UnknownAttentionError, family, names, spec
+from linear_gpt2.attention.schema import options_of, validate_context
 from linear_gpt2.attention.spec import AttentionFn, AttentionSpec, Decoder
 
 __all__ = [
     "AttentionFn",
     "AttentionSpec",
     "Decoder",
+    "OptionError",
+    "Options",
     "UnknownAttentionError",
     "decoder",
     "family",
     "feature_maps",
     "get",
     "names",
+    "option",
+    "options_of",
     "spec",
-    "validate",
     "validate_context",
 ]
 
@@ -39,12 +43,11 @@ __all__ = [
 def get(name: str, **options: Any) -> AttentionFn:
     """``fn(q, k, v) -> y`` for attention ``name``; q, k, v and y are ``[B, T, H, D]``.
 
-    Shared options this variant does not read are ignored (configs carry every option)."""
-    s = spec(name)
-    return s.make(**kwargs_for(s, options))
+    ``options`` are fields of the variant's options class (defaults for the rest); an option
+    only another built-in variant declares is checked and ignored, as in configs."""
+    return spec(name).build(options_of(name, options, prefix=""))
 
 
 def decoder(name: str, **options: Any) -> Decoder:
     """The incremental decoder of attention ``name`` (see :class:`Decoder`)."""
-    s = spec(name)
-    return s.decoder(**kwargs_for(s, options))
+    return spec(name).decoder(options_of(name, options, prefix=""))

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 
 from linear_gpt2 import kernels
 from linear_gpt2.attention import registry
-from linear_gpt2.attention.options import kwargs_for
 from linear_gpt2.platform import device
 
 DEFAULT_CANDIDATES = (16, 32, 64, 128, 256)
@@ -117,8 +116,7 @@ def time_chunk_size(name, shape, dtype, kernel, chunk_size, *, feature_map, eps,
     """Median seconds of one forward+backward of attention ``name`` at ``shape`` (``[B, T, H,
     D]``), or None if it does not fit in memory."""
     s = registry.spec(name)
-    options = dict(feature_map=feature_map, chunk_size=chunk_size, kernel=kernel, eps=eps)
-    fn = s.make(**kwargs_for(s, options))
+    fn = s.build(s.options(feature_map=feature_map, chunk_size=chunk_size, kernel=kernel, eps=eps))
 
     def step(q, k, v, dy):
         y, vjp = jax.vjp(fn, q, k, v)

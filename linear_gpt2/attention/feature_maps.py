@@ -56,6 +56,9 @@ class FeatureMap:
     dim: Callable[[int], int] = lambda d: d
     layer_norm: bool = False
     description: str = ""
+    # The fewest input dimensions the map makes sense of (ReBased's LayerNorm of one dimension
+    # is 0 for every input: its features would be a constant).
+    min_dim: int = 1
 
     @property
     def expands(self) -> bool:
@@ -138,7 +141,7 @@ FEATURE_MAPS: dict[str, FeatureMap] = {
             description="the symmetric power of degree 2: (q.k)^2",
         ),
         FeatureMap(
-            "rebased", rebased, _half_square, layer_norm=True,
+            "rebased", rebased, _half_square, layer_norm=True, min_dim=2,
             description="ReBased: (q'.k')^2/d, q' = gamma LayerNorm(q) + beta (the layer's)",
         ),
     )
@@ -162,9 +165,24 @@ def key_dim(feature_map: str, d: int) -> int:
     return get(feature_map).dim(d)
 
 
+def dim_problem(feature_map: str, feature_dim: int) -> str | None:
+    """Why ``feature_map`` cannot make features of ``feature_dim`` projected dimensions (0: the
+    head dim, checked where it is known), or None."""
+    phi = get(feature_map)
+    if feature_dim and feature_dim < phi.min_dim:
+        return (
+            f"{feature_map} needs q and k of at least {phi.min_dim} dimensions, got "
+            f"feature_dim={feature_dim}; use feature_dim >= {phi.min_dim} (Based's 16), or 0"
+        )
+    return None
+
+
 def key_features(D: int, options) -> int:
-    """d' of a variant's ``options`` at head dim D: its feature map's features of q, k of
-    ``feature_dim`` (or D) dimensions; D for a variant without a feature map (softmax)."""
-    if "feature_map" not in options:
+    """d' of a variant's ``options`` (an options instance or a mapping) at head dim D: its
+    feature map's features of q, k of ``feature_dim`` (or D) dimensions; D for a variant
+    without a feature map (softmax)."""
+    get_ = options.get if isinstance(options, dict) else lambda k, d=None: getattr(options, k, d)
+    feature_map = get_("feature_map")
+    if feature_map is None:
         return D
-    return key_dim(options["feature_map"], int(options.get("feature_dim") or 0) or D)
+    return key_dim(feature_map, int(get_("feature_dim") or 0) or D)

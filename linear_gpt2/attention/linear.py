@@ -9,8 +9,8 @@ with phi one of :data:`FEATURE_MAPS` (``feature_maps.py``): elementwise (d' = Dk
 (Based's Taylor map, the symmetric power, ReBased's kernel: d' = dim(Dk) > Dk). Dk is the head
 dim, or ``attention.feature_dim`` when the layer projects q and k to fewer dimensions (Based's
 16). The states are ``S [d', D]``, ``z [d']`` per head. There is no 1/sqrt(D) scaling for the
-elementwise maps (the post has none: the normaliser already removes the scale of the scores). ``eps`` (default 1e-6) is
-added to the denominator only, after the sum and before the division; it keeps ``relu``, whose
+elementwise maps (the post has none: the normaliser already removes the scale of the scores).
+``eps`` (default 1e-6) is added to the denominator only, after the sum and before the division; it keeps ``relu``, whose
 features can all be zero, finite (then y_i = 0) and is negligible otherwise, since the
 denominator is a sum of at least one positive product.
 
@@ -33,13 +33,19 @@ underflow to 0 where the decay is complete. The chunked form computes A within e
 carries the chunk's total decay on the state), which keeps float32 exact at any length; the
 materialising forms use the sequence's cumulative sum.
 
+The family's options are declared once here: :class:`LinearOptions` (``feature_map``,
+``feature_dim``, ``kernel``, ``eps``, on top of the layer's ``doc_reset`` and ``decay``), which every linear
+variant's options class extends, and :class:`ChunkedOptions` (``chunk_size``, and the rule that
+a fused kernel needs a block size it can tile) for the variants that work in chunks or blocks.
+
 The statistics diagnostics report for a linear layer (:func:`layer_stats`) and the recurrent
 decoder (:func:`make_decoder`) are shared by every linear variant: they compute the same function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -50,6 +56,7 @@ from linear_gpt2 import kernels
 from linear_gpt2.attention import feature_maps
 from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
 from linear_gpt2.attention.feature_maps import FeatureMap
+from linear_gpt2.attention.options import OptionError, Options, nonnegative, option
 from linear_gpt2.attention.spec import AttentionSpec, Decoder
 from linear_gpt2.kernels import normalise
 from linear_gpt2.kernels.context import entering_state, entering_weights, slice_state
@@ -73,6 +80,78 @@ def check_feature_map(name: str | FeatureMap) -> FeatureMap:
     return feature_maps.get(name)
 
 
+# --------------------------------------------------------------------------------------------
+# The family's options
+
+
+def kernel_option(names: tuple[str, ...]) -> Any:
+    """The ``kernel`` field of a linear variant whose implementations are ``names``."""
+    return option(
+        "auto",
+        "the implementation (auto: the fused kernel on a GPU, xla elsewhere)",
+        choices=names,
+        implementation=True,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearOptions(Options):
+    """What every linear variant reads: the feature map, the implementation and eps."""
+
+    # The feature map phi applied to q and k (FEATURE_MAPS): elementwise or expanding.
+    feature_map: str = option(
+        "softplus", "the feature map phi on q and k", choices=tuple(FEATURE_MAPS), label="/{}"
+    )
+    # The dimension of q and k per head the layer projects them to before phi (Based's 16;
+    # 0: the head dim). It changes c_attn's shape, so a resumed run may not change it.
+    feature_dim: int = option(
+        0,
+        "q and k per head projected to this many dimensions before phi (0: the head dim)",
+        check=nonnegative,
+        label="({})",
+    )
+    kernel: str = kernel_option(("auto", "xla"))
+    # Added to the normaliser sum_j phi(q_i).phi(k_j) before dividing.
+    eps: float = option(1e-6, "added to the normaliser before dividing", check=nonnegative)
+
+    def check(self) -> None:
+        super().check()
+        problem = feature_maps.dim_problem(self.feature_map, self.feature_dim)
+        if problem:
+            raise OptionError("feature_dim", problem)
+
+
+def _chunk_value(value: int | str) -> str | None:
+    if value == "auto" or (isinstance(value, int) and value >= 1):
+        return None
+    return f"must be an int >= 1 or 'auto', got {value!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedOptions(LinearOptions):
+    """A linear variant that works in chunks (blocks) of ``chunk_size`` positions."""
+
+    # An int, or "auto": measured per shape and device at trace time, cached (autotune.py).
+    chunk_size: int | str = option(
+        64,
+        "positions per chunk (block); auto: measured per shape when traced",
+        check=_chunk_value,
+        implementation=True,
+    )
+
+    def check(self) -> None:
+        super().check()
+        # A fused kernel tiles the chunk: its size must be a block size the kernels take.
+        if self.kernel not in ("auto", "xla") and self.chunk_size != "auto":
+            problem = kernels.block_size_problem(self.chunk_size)
+            if problem:
+                raise OptionError(
+                    "chunk_size",
+                    f"kernel={self.kernel}: chunk_size={self.chunk_size} {problem}; use e.g. 64, "
+                    f"or kernel=xla for any size",
+                )
+
+
 def features(
     q: jax.Array, k: jax.Array, feature_map: str | Callable[[jax.Array], jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
@@ -85,22 +164,19 @@ def features(
 def attention_fn(
     variant: str,
     algorithm: Callable[..., tuple[jax.Array, jax.Array]],
-    feature_map: str,
-    kernel: str,
-    eps: float,
+    options: LinearOptions,
 ) -> Callable[..., jax.Array]:
     """``fn(q, k, v, *, resets=None, log_gate=None) -> y`` (q, k, v, y ``[B, T, H, D]``) for a
-    pure-JAX variant: phi on q and k, the variant's ``algorithm(phi(q), phi(k), v, forget) ->
-    (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or None), then
-    ``num / (den + eps)``. Options are checked here, when the function is made.
+    pure-JAX variant: phi on q and k (``options.feature_map``), the variant's ``algorithm(phi(q),
+    phi(k), v, forget) -> (num [B, T, H, D], den [B, T, H])`` (``forget`` a :class:`Forget` or
+    None), then ``num / (den + options.eps)``.
 
     Under context parallelism (the sequence split over the mesh's ``seq`` axis) each device runs
     ``algorithm`` on its slice from a zero state and adds what the earlier slices leave: the
     entering state ``(S_in, z_in)`` (``kernels/context.py``) weighted at position i by its decay
     so far, ``w_i phi(q_i) S_in`` to the numerator and ``w_i phi(q_i) . z_in`` to the
     denominator. Every such form takes it at the cost of one gather of [D, D] states."""
-    phi = check_feature_map(feature_map)
-    kernels.check_kernel(kernel, variant)
+    phi, eps = check_feature_map(options.feature_map), options.eps
 
     def attend(q, k, v, resets=None, log_gate=None, context_parallel: bool = False) -> jax.Array:
         fq, fk = features(q, k, phi)
@@ -128,14 +204,13 @@ def attention_fn(
 
 
 def pallas_block(
-    options: Mapping[str, Any], names: Any, D: int, block: Callable[[str, int], int] | None = None
+    options: ChunkedOptions, names: Any, D: int, block: Callable[[str, int], int] | None = None
 ) -> tuple[str, int | None]:
     """The kernel ``options`` name for the platform traced for (``auto``: ``pallas`` on a GPU,
     ``xla`` elsewhere) and the block size its Pallas design would run (``block(kernel,
     chunk_size)``, default the chunk size), or None where no Pallas design applies: another
     kernel, ``chunk_size=auto``, or a block or head dim the kernels refuse."""
-    kernel = options.get("kernel", "auto")
-    c = options.get("chunk_size", 64)
+    kernel, c = options.kernel, options.chunk_size
     if kernel == "auto":
         kernel = "pallas" if kernels.on_gpu() else "xla"
     if kernel not in names or c == "auto":
@@ -149,9 +224,9 @@ def pallas_block(
 def spec(name: str, make: Callable[..., Any], flops: Callable[..., float], **fields: Any):
     """The :class:`AttentionSpec` of a linear variant of this package: the linear family, the
     shared recurrent decoder and statistics, resets and decay gates taken. ``fields`` override
-    or add (``options``, ``kernels``, ``check``, ...); ``options`` defaults to
-    ``(feature_map, feature_dim, kernel, eps)``."""
-    fields.setdefault("options", ("feature_map", "feature_dim", "kernel", "eps"))
+    or add (``options``, ``kernel_design``, ...); ``options`` defaults to
+    :class:`LinearOptions`."""
+    fields.setdefault("options", LinearOptions)
     return AttentionSpec(
         name=name, family="linear", make=make, flops=flops, make_decoder=make_decoder,
         resets=True, decay=True, stats=layer_stats, **{"context_parallel": True, **fields},
@@ -212,37 +287,36 @@ def _prefill_kernel(kernel: str, c: int) -> str | None:
     return name if kernels.block_size_problem(c) is None else None
 
 
-def make_decoder(
-    feature_map: str = "softplus",
-    chunk_size: int | str = 64,
-    eps: float = 1e-6,
-    kernel: str = "auto",
-    feature_dim: int = 0,
-    **_: Any,
-) -> Decoder:
+# The prefill's chunk for a variant without a chunk size of its own (or chunk_size=auto): it only
+# affects speed, and decoding is mostly single steps.
+PREFILL_CHUNK = 64
+
+
+def make_decoder(options: LinearOptions) -> Decoder:
     """The linear transformer as an RNN (the post's section 4): a state of constant size.
 
     - ``init(batch, n_head, head_dim, max_len, dtype)`` -> ``(S [B, H, d', D], z [B, H, d'])``,
       zeros in float32 whatever ``dtype`` (the activation dtype): S = sum_j phi(k_j) v_j^T and
       z = sum_j phi(k_j) are sums over the whole context, so they accumulate in float32. D is
       ``head_dim`` (the values'), d' the feature map's dimension of the keys' Dk
-      (``feature_dim``, or ``head_dim`` when it is 0): 153 for ``taylor2`` at Dk = 16.
+      (``options.feature_dim``, or ``head_dim`` when it is 0): 153 for ``taylor2`` at Dk = 16.
       ``max_len`` is accepted for the protocol and unused: the state does not grow.
     - ``step(state, q, k, v, *, log_gate=None, reset=None)``, q, k, v ``[B, H, D]``, log_gate
       ``[B, H]``, reset bool ``[B]``: the recurrence S = gamma S + phi(k) v^T, z = gamma z +
       phi(k) (gamma = 0 where a document starts), y = phi(q) S / (phi(q) . z + eps); O(D^2).
     - ``prefill(state, q, k, v, *, log_gate=None, resets=None)``, q, k, v ``[B, T, H, D]``: the
       chunked form (``LT_chunked``) started from ``state``, with chunks of ``chunk_size``; T need
-      not be a multiple of it. With ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto``
-      compiling for a GPU) and a power-of-two chunk size >= 16, the Pallas kernels run it (from
-      the state, returning the final state; with resets or gates the chunk-parallel ones, the
-      single pass taking none); otherwise the XLA form.
+      not be a multiple of it (:data:`PREFILL_CHUNK` for a variant without one). With
+      ``kernel`` a Pallas ``LT_chunked`` kernel (or ``auto`` compiling for a GPU) and a
+      power-of-two chunk size >= 16, the Pallas kernels run it (from the state, returning the
+      final state; with resets or gates the chunk-parallel ones, the single pass taking none);
+      otherwise the XLA form.
     """
-    phi = check_feature_map(feature_map)
+    phi, eps, kernel = check_feature_map(options.feature_map), options.eps, options.kernel
+    feature_dim = options.feature_dim
+    chunk_size = getattr(options, "chunk_size", PREFILL_CHUNK)
     if chunk_size == "auto":
-        chunk_size = 64  # the prefill's chunk only affects speed; decoding is mostly single steps
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        chunk_size = PREFILL_CHUNK
 
     def init(batch: int, n_head: int, head_dim: int, max_len: int | None = None, dtype=None):
         del max_len, dtype
@@ -305,7 +379,7 @@ def _divisor(T: int, limit: int = 64) -> int:
     return max(d for d in range(1, min(T, limit) + 1) if T % d == 0)
 
 
-def layer_stats(q, k, v, y, resets=None, log_gate=None, options: Mapping[str, Any] = {}):
+def layer_stats(q, k, v, y, resets=None, log_gate=None, options: LinearOptions | None = None):
     """float32 scalars of one layer (q, k, v, y ``[B, T, H, D]`` as the attention got and gave
     them): ``den_min``, ``den_mean``, the normaliser phi(q_i) . z_i before ``eps`` (min and mean
     over rows, positions and heads; near 0 it blows the output and its gradient up), and
@@ -313,7 +387,7 @@ def layer_stats(q, k, v, y, resets=None, log_gate=None, options: Mapping[str, An
     with resets), mean over rows and heads. Recomputed with the chunked form, which every linear
     variant equals, so it holds for kernels that never materialise either."""
     del y
-    fq, fk = features(q, k, options.get("feature_map", "softplus"))
+    fq, fk = features(q, k, (options or LinearOptions()).feature_map)
     forget = as_forget(log_gate, resets)
     (_, den), (S, _) = chunked_linear_attention(fq, fk, v, _divisor(q.shape[1]), forget=forget)
     return {

@@ -55,11 +55,8 @@ def lt_attention(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Ar
     return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
 
 
-def make(
-    feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6, feature_dim: int = 0
-):
-    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
-    return linear.attention_fn("LT_attention", lt_attention, feature_map, kernel, eps)
+def make(options: linear.LinearOptions):
+    return linear.attention_fn("LT_attention", lt_attention, options)
 
 
 SPEC = linear.spec(

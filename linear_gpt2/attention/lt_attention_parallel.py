@@ -13,8 +13,8 @@ every form weighs each pair by exp(L_i - L_j) within a document, from block-loca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +59,11 @@ IMPLEMENTATIONS: dict[str, tuple[Callable[..., jax.Array], Callable[..., jax.Arr
 KERNELS = ("auto", *IMPLEMENTATIONS)
 
 
+@dataclasses.dataclass(frozen=True)
+class LTAttentionParallelOptions(linear.ChunkedOptions):
+    kernel: str = linear.kernel_option(KERNELS)
+
+
 def _block_size(kernel: str, chunk_size: int, T: int) -> int:
     """The block size for length T: ``chunk_size``, capped at T for xla; for a fused kernel
     capped at the power of two >= T (at least 16), so that it stays a valid Triton block."""
@@ -67,27 +72,13 @@ def _block_size(kernel: str, chunk_size: int, T: int) -> int:
     return min(chunk_size, T)
 
 
-def _check(options) -> None:
-    chunk_size, kernel = options.get("chunk_size", 64), options.get("kernel", "auto")
-    kernels.check_chunk_option(chunk_size, "LT_attention_parallel")
-    if kernel in NAMES and chunk_size != "auto":
-        kernels.check_block_size(chunk_size, f"LT_attention_parallel kernel={kernel}: chunk_size")
-
-
-def make(
-    feature_map: str = "softplus",
-    chunk_size: int | str = 64,
-    kernel: str = "auto",
-    eps: float = 1e-6,
-    feature_dim: int = 0,
-):
-    """``fn(q, k, v) -> y``. ``chunk_size`` is the block size (any int >= 1 for xla, a power of
-    two >= 16 for the Pallas kernels, where it caps their tiles), or ``"auto"``: chosen at trace
-    time from the concrete shape by ``linear_gpt2.attention.autotune.best_chunk_size``."""
-    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
+def make(options: LTAttentionParallelOptions):
+    """``fn(q, k, v) -> y``. ``options.chunk_size`` is the block size (any int >= 1 for xla, a
+    power of two >= 16 for the Pallas kernels, where it caps their tiles), or ``"auto"``: chosen
+    at trace time from the concrete shape by ``linear_gpt2.attention.autotune.best_chunk_size``."""
+    feature_map, chunk_size = options.feature_map, options.chunk_size
+    kernel, eps = options.kernel, options.eps
     phi = linear.check_feature_map(feature_map)
-    kernels.check_kernel(kernel, "LT_attention_parallel", KERNELS)
-    _check(dict(chunk_size=chunk_size, kernel=kernel))
 
     def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
         """Causal linear attention, blocked. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``; any T
@@ -96,7 +87,9 @@ def make(
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
         name = kernels.resolve_kernel(
-            kernel, "LT_attention_parallel", KERNELS, chunk_size, v.shape[-1]
+            kernel,
+            "LT_attention_parallel",
+            problem=kernels.tiling_problem(chunk_size, v.shape[-1]),
         )
         plain, forgetting = IMPLEMENTATIONS[name]
         T = q.shape[1]
@@ -131,7 +124,7 @@ def make(
     return fn
 
 
-def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
+def _kernel_design(shape, dtype, options: LTAttentionParallelOptions) -> str:
     """What ``kernel`` runs at ``shape`` = (B, T, H, D) for the platform traced for: ``xla`` or
     the Pallas design (``kernel=pallas`` chooses by shape with the cost model)."""
     B, T, H, D = shape
@@ -152,12 +145,10 @@ SPEC = AttentionSpec(
     family="linear",
     make=make,
     flops=quadratic_flops,
-    options=("feature_map", "feature_dim", "chunk_size", "kernel", "eps"),
-    kernels=KERNELS,
+    options=LTAttentionParallelOptions,
     make_decoder=linear.make_decoder,
     resets=True,
     decay=True,
-    check=_check,
     stats=linear.layer_stats,
     kernel_design=_kernel_design,
     description="the attention form blocked flash-style: running sums, no T x T matrix",

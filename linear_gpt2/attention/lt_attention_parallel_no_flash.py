@@ -39,12 +39,9 @@ def lt_attention_parallel_no_flash(
     return num, den
 
 
-def make(
-    feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6, feature_dim: int = 0
-):
-    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
+def make(options: linear.LinearOptions):
     return linear.attention_fn(
-        "LT_attention_parallel_no_flash", lt_attention_parallel_no_flash, feature_map, kernel, eps
+        "LT_attention_parallel_no_flash", lt_attention_parallel_no_flash, options
     )
 
 

@@ -21,9 +21,8 @@ are ``...lt_chunked.ops``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,13 +38,14 @@ from linear_gpt2.kernels.lt_chunked.naive import chunked_linear_attention
 F32 = jnp.float32
 
 
-def check_chunk_size(T: int, c: int) -> None:
-    if c < 1 or T % c != 0:
-        divisor = max(d for d in range(1, max(1, min(T, c)) + 1) if T % d == 0)
-        raise ValueError(
-            f"LT_chunked: chunk_size={c} does not divide the sequence length T={T}; choose a "
-            f"divisor of {T}, e.g. chunk_size={divisor}"
-        )
+def chunks_problem(T: int, c: int | str) -> str | None:
+    """Why chunks of ``c`` do not tile ``T`` tokens, or None (``auto`` picks a divisor)."""
+    if c == "auto" or T % c == 0:
+        return None
+    divisor = max(d for d in range(1, min(T, c) + 1) if T % d == 0)
+    return (
+        f"chunk_size={c} does not divide T={T}; choose a divisor of {T}, e.g. chunk_size={divisor}"
+    )
 
 
 # Implementations selected by ``kernel=``: ``xla`` is the oracle, ``kernels.lt_chunked.naive``;
@@ -54,6 +54,11 @@ def check_chunk_size(T: int, c: int) -> None:
 # chooses between the two by shape; ``triton`` (jax-triton, GPU only) is the single pass written
 # in Triton; ``auto`` is pallas on a GPU, xla elsewhere.
 KERNELS = ("auto", "xla", *NAMES, "triton")
+
+
+@dataclasses.dataclass(frozen=True)
+class LTChunkedOptions(linear.ChunkedOptions):
+    kernel: str = linear.kernel_option(KERNELS)
 
 
 def _fused(kernel: str):
@@ -73,28 +78,14 @@ def _fused(kernel: str):
     return triton_fused.chunked_attention
 
 
-def _check(options: Mapping[str, Any]) -> None:
-    chunk_size, kernel = options.get("chunk_size", 64), options.get("kernel", "auto")
-    kernels.check_chunk_option(chunk_size, "LT_chunked")
-    if kernel not in ("auto", "xla") and chunk_size != "auto":
-        kernels.check_block_size(chunk_size, f"LT_chunked kernel={kernel}: chunk_size")
-
-
-def make(
-    feature_map: str = "softplus",
-    chunk_size: int | str = 64,
-    kernel: str = "auto",
-    eps: float = 1e-6,
-    feature_dim: int = 0,
-):
-    """``fn(q, k, v) -> y``. ``chunk_size``: an int dividing T (a power of two >= 16 for the
-    fused kernels), or ``"auto"``: chosen when ``fn`` is traced, from the concrete shape, by
+def make(options: LTChunkedOptions):
+    """``fn(q, k, v) -> y``. ``options.chunk_size``: an int dividing T (a power of two >= 16 for
+    the fused kernels), or ``"auto"``: chosen when ``fn`` is traced, from the concrete shape, by
     ``linear_gpt2.attention.autotune.best_chunk_size`` (measured once per shape and device, then
     cached on disk)."""
-    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
+    feature_map, chunk_size = options.feature_map, options.chunk_size
+    kernel, eps = options.kernel, options.eps
     phi = linear.check_feature_map(feature_map)
-    kernels.check_kernel(kernel, "LT_chunked", KERNELS)
-    _check(dict(chunk_size=chunk_size, kernel=kernel))
     if kernel not in ("auto", "xla"):
         _fused(kernel)  # an unavailable kernel (triton on CPU) fails here, at make()
 
@@ -111,7 +102,9 @@ def make(
         the state the earlier slices leave, ``kernels/context.py``)."""
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
-        impl = kernels.resolve_kernel(kernel, "LT_chunked", KERNELS, chunk_size, v.shape[-1])
+        impl = kernels.resolve_kernel(
+            kernel, "LT_chunked", problem=kernels.tiling_problem(chunk_size, v.shape[-1])
+        )
         if impl == "triton" and context_parallel:
             raise NotImplementedError(
                 "LT_chunked kernel=triton takes no initial state, so not context parallelism; "
@@ -124,7 +117,9 @@ def make(
             c = autotune.best_chunk_size(
                 "LT_chunked", q.shape, q.dtype, impl, feature_map=feature_map, eps=eps
             )
-        check_chunk_size(q.shape[1], c)
+        problem = chunks_problem(q.shape[1], c)
+        if problem:
+            raise ValueError(f"LT_chunked: {problem}")
         fq, fk = linear.features(q, k, phi)
         state = None
         if context_parallel:
@@ -148,25 +143,17 @@ def make(
     return fn
 
 
-def _flops(T: int, H: int, D: int, options: Mapping[str, Any]) -> float:
+def _flops(T: int, H: int, D: int, options: LTChunkedOptions) -> float:
     """Attention inside the chunk (2 c d' + 2 c D) and the state read and update (4 d' D) per
     head, d' the features of q and k (D for the elementwise maps); an ``auto`` chunk size is
     counted at 64, its usual choice."""
-    chunk = options.get("chunk_size", 64)
-    c = min(64 if chunk == "auto" else int(chunk), T)
+    chunk = options.chunk_size
+    c = min(64 if chunk == "auto" else chunk, T)
     d = feature_maps.key_features(D, options)
     return H * (2 * c * (d + D) + 4 * d * D)
 
 
-def _context_problem(T: int, options: Mapping[str, Any]) -> str | None:
-    c = options.get("chunk_size", 64)
-    if c == "auto" or T % int(c) == 0:
-        return None
-    divisor = max(d for d in range(1, min(T, int(c)) + 1) if T % d == 0)
-    return f"chunk_size={c} does not divide {T} tokens; choose a divisor of {T} (e.g. {divisor})"
-
-
-def _kernel_design(shape, dtype, options: Mapping[str, Any]) -> str:
+def _kernel_design(shape, dtype, options: LTChunkedOptions) -> str:
     """What ``kernel`` runs at ``shape`` = (B, T, H, D) for the platform traced for: ``xla``,
     ``triton``, or the Pallas design (``kernel=pallas`` chooses by shape with the cost model)."""
     kernel, c = linear.pallas_block(options, NAMES, shape[3])
@@ -184,10 +171,8 @@ SPEC = linear.spec(
     "LT_chunked",
     make,
     _flops,
-    options=("feature_map", "feature_dim", "chunk_size", "kernel", "eps"),
-    kernels=KERNELS,
-    check=_check,
-    context_problem=_context_problem,
+    options=LTChunkedOptions,
+    context_problem=lambda T, options: chunks_problem(T, options.chunk_size),
     kernel_design=_kernel_design,
     sweep_chunk_size=True,
     context_parallel=True,

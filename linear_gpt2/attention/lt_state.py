@@ -42,11 +42,8 @@ def lt_state(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array,
     return jnp.swapaxes(num, 0, 1), jnp.swapaxes(den, 0, 1)
 
 
-def make(
-    feature_map: str = "softplus", kernel: str = "auto", eps: float = 1e-6, feature_dim: int = 0
-):
-    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
-    return linear.attention_fn("LT_state", lt_state, feature_map, kernel, eps)
+def make(options: linear.LinearOptions):
+    return linear.attention_fn("LT_state", lt_state, options)
 
 
 SPEC = linear.spec(

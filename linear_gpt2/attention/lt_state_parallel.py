@@ -25,12 +25,14 @@ compiled peak is about 2 T D^2 floats per head both for the forward and for forw
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from linear_gpt2.attention import linear
-from linear_gpt2.attention.options import SCANS
+from linear_gpt2.attention.options import option
 from linear_gpt2.attention.spec import state_flops
 from linear_gpt2.kernels.forget import decayed_scan
 
@@ -74,26 +76,28 @@ def lt_state_parallel(
     return num, den
 
 
-def make(
-    feature_map: str = "softplus",
-    kernel: str = "auto",
-    scan: str = "cumsum",
-    eps: float = 1e-6,
-    feature_dim: int = 0,
-):
-    del feature_dim  # q and k arrive projected: only the decoder sizes its state by it
-    if scan not in SCANS:
-        raise ValueError(
-            f"LT_state_parallel: unknown scan {scan!r}; valid scans: {', '.join(SCANS)}"
-        )
-    algorithm = lambda fq, fk, v, forget: lt_state_parallel(fq, fk, v, scan, forget)
-    return linear.attention_fn("LT_state_parallel", algorithm, feature_map, kernel, eps)
+SCANS = ("cumsum", "associative")
+
+
+@dataclasses.dataclass(frozen=True)
+class LTStateParallelOptions(linear.LinearOptions):
+    scan: str = option(
+        "cumsum",
+        "the prefix sum (cumsum: jnp.cumsum; associative: lax.associative_scan)",
+        choices=SCANS,
+        implementation=True,
+    )
+
+
+def make(options: LTStateParallelOptions):
+    algorithm = lambda fq, fk, v, forget: lt_state_parallel(fq, fk, v, options.scan, forget)
+    return linear.attention_fn("LT_state_parallel", algorithm, options)
 
 
 SPEC = linear.spec(
     "LT_state_parallel",
     make,
     state_flops,
-    options=("feature_map", "feature_dim", "kernel", "scan", "eps"),
+    options=LTStateParallelOptions,
     description="every state at once by a parallel prefix sum",
 )

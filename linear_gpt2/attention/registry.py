@@ -19,6 +19,7 @@ import difflib
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 from collections.abc import Callable
 from types import ModuleType
 
@@ -55,11 +56,6 @@ def names_where(predicate: Callable[[AttentionSpec], bool]) -> list[str]:
     return [n for n in BUILTIN if predicate(spec(n))]
 
 
-def all_kernels() -> list[str]:
-    """Every value ``attention.kernel`` takes for some built-in variant, in first-seen order."""
-    return list(dict.fromkeys(k for n in BUILTIN for k in spec(n).kernels))
-
-
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINTS)}
 
@@ -89,12 +85,38 @@ def spec(name: str) -> AttentionSpec:
             raise
         return _spec_of(getattr(module, attr, None) if attr else module, name)
     valid = names()
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(name, valid)
+    hint = f" (did you mean {close!r}?)" if close else ""
+    if _top_level_module(name):
+        raise UnknownAttentionError(
+            f"attention {name!r}: not a registered name; a module of your own is named by its "
+            f"path with its package (my_lab.attn, defining SPEC), or as {name}:SPEC for a "
+            f"top-level module; registered names: {', '.join(valid)}"
+        )
     raise UnknownAttentionError(
         f"unknown attention {name!r}{hint}; valid names: {', '.join(valid)}, or the module path "
-        f"of a variant of your own (e.g. my_lab.attn.cosine, defining SPEC)"
+        f"of a variant of your own, with its package (e.g. my_lab.attn, defining SPEC)"
     )
+
+
+def _top_level_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # not a module name at all
+        return False
+
+
+def closest(name: str, valid: list[str]) -> str | None:
+    """The valid name ``name`` most likely meant: one it is made of (``flash_attention`` ->
+    ``flash``: the longest valid name that is a ``_``-separated part or prefix of it, case
+    aside), else the closest spelling."""
+    lower = name.lower()
+    parts = set(lower.replace("-", "_").split("_"))
+    within = [v for v in valid if v.lower() in parts or lower.startswith(v.lower())]
+    if within:
+        return max(within, key=len)
+    close = difflib.get_close_matches(lower, [v.lower() for v in valid], n=1)
+    return next((v for v in valid if close and v.lower() == close[0]), None)
 
 
 def _spec_of(obj: object, name: str) -> AttentionSpec:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_gpt2.attention.spec import AttentionSpec, Decoder, quadratic_flops
+from linear_gpt2.kernels.flash.naive import document_mask
 
 
 def masked_softmax_attention(
@@ -42,15 +43,6 @@ def masked_softmax_attention(
     return y.astype(q.dtype)
 
 
-def document_mask(resets: jax.Array) -> jax.Array:
-    """bool ``[B, 1, T, T]``: causal and within one document (``resets`` bool ``[B, T]``, True
-    where a document starts)."""
-    T = resets.shape[1]
-    seg = jnp.cumsum(resets.astype(jnp.int32), axis=1)
-    same = seg[:, None, :, None] == seg[:, None, None, :]
-    return same & jnp.tril(jnp.ones((T, T), dtype=bool))
-
-
 def softmax_attention(
     q: jax.Array,
     k: jax.Array,
@@ -75,7 +67,8 @@ def softmax_attention(
     )
 
 
-def make():
+def make(options):
+    del options  # none of its own
     return softmax_attention
 
 
@@ -163,7 +156,7 @@ def _kv_step(state: KVCache, q: jax.Array, k: jax.Array, v: jax.Array, *, reset=
     return y[:, 0], state
 
 
-def make_decoder() -> Decoder:
+def make_decoder(options=None) -> Decoder:
     """The KV-cache :class:`~linear_gpt2.attention.Decoder` of causal softmax attention.
 
     State ``(k_cache [B, max_len, H, D], v_cache [B, max_len, H, D], pos int32 [], seg int32

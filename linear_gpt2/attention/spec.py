@@ -1,8 +1,7 @@
 """What an attention variant is: one :class:`AttentionSpec`, exported as ``SPEC`` by its module.
 
 Everything outside ``linear_gpt2/attention/`` learns about a variant from its spec alone: config
-validation (the options it reads, its kernels, whether it takes document resets and decay
-gates), the FLOPs behind MFU, the decoder sampling runs on, the statistics diagnostics report,
+validation (its options class, whether it takes document resets and decay gates), the FLOPs behind MFU, the decoder sampling runs on, the statistics diagnostics report,
 the family plots and reports group it by, and the kernel design benchmarks record. A variant of
 your own is a module anywhere on ``sys.path`` that defines ``SPEC``; ``attention.name`` names it
 by module path (``my_lab.attn.cosine``), see ``linear_gpt2.attention.registry``.
@@ -21,7 +20,7 @@ self-attention on ``[B, T, H, D]`` inputs and output, with
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -29,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from linear_gpt2.attention import feature_maps
+from linear_gpt2.attention.options import Options, declared
 
 AttentionFn = Callable[..., jax.Array]
 FAMILIES = ("softmax", "linear")
@@ -63,22 +63,20 @@ class AttentionSpec:
 
     - ``name``: what configs call it (the post's name for the built-in ones).
     - ``family``: ``softmax`` (a softmax over the keys) or ``linear`` (a state of phi(k) v^T).
-    - ``make(**options) -> fn``: the attention function (module docstring); it receives the
-      options listed in ``options`` (shared ``attention.*`` keys) and ``extra_options``.
+    - ``make(options) -> fn``: the attention function (module docstring), from an instance of
+      its options class.
     - ``flops(T, H, D, options) -> float``: forward matmul FLOPs per token of one layer, all heads
       (MFU counts 3x this for forward + backward, as nanoGPT).
-    - ``options``: the shared ``attention.*`` options it reads (``linear_gpt2.attention.options``).
-    - ``extra_options``: options of its own, name -> default; a config sets them as
-      ``attention.<name>=value``.
-    - ``kernels``: the values ``attention.kernel`` may take (when it reads ``kernel``); the
-      kernels themselves are imported by ``make`` only when picked.
-    - ``make_decoder(**options) -> Decoder`` for sampling, or None: then :func:`recompute_decoder`
+    - ``options``: its options class, a frozen dataclass extending
+      :class:`~linear_gpt2.attention.options.Options` (types, defaults, checks, which fields only
+      select the implementation); a config sets each field as ``attention.<field>=value``.
+      ``make`` and the callbacks below receive an instance.
+    - ``make_decoder(options) -> Decoder`` for sampling, or None: then :func:`recompute_decoder`
       (every step runs ``fn`` over the cached sequence; correct for any causal ``fn``, O(T) per
       token).
     - ``resets``, ``decay``, ``dropout``: whether ``fn`` takes document resets, decay gates and
       attention-weight dropout.
-    - ``check(options)``: raise ``ValueError`` for values it cannot take (one line naming the
-      option); ``context_problem(T, options)``: why a sequence length does not suit, or None;
+    - ``context_problem(T, options)``: why a sequence length does not suit, or None;
       ``slice_problem(S, N, options)``: with the sequence split over N devices, S tokens each,
       why that split does not suit (beyond ``context_problem(S, ...)``), or None.
     - ``stats(q, k, v, y, resets, log_gate, options) -> {name: scalar}``: extra diagnostics of one
@@ -94,18 +92,15 @@ class AttentionSpec:
 
     name: str
     family: str
-    make: Callable[..., AttentionFn]
-    flops: Callable[[int, int, int, Mapping[str, Any]], float]
-    options: tuple[str, ...] = ()
-    extra_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    kernels: tuple[str, ...] = ("auto", "xla")
+    make: Callable[[Any], AttentionFn]
+    flops: Callable[[int, int, int, Any], float]
+    options: type[Options] = Options
     make_decoder: Callable[..., Decoder] | None = None
     resets: bool = False
     decay: bool = False
     dropout: bool = False
-    check: Callable[[Mapping[str, Any]], None] | None = None
-    context_problem: Callable[[int, Mapping[str, Any]], str | None] | None = None
-    slice_problem: Callable[[int, int, Mapping[str, Any]], str | None] | None = None
+    context_problem: Callable[[int, Any], str | None] | None = None
+    slice_problem: Callable[[int, int, Any], str | None] | None = None
     stats: Callable[..., dict[str, jax.Array]] | None = None
     kernel_design: Callable[..., str] | None = None
     sweep_chunk_size: bool = False
@@ -120,30 +115,43 @@ class AttentionSpec:
             )
         if not callable(self.make) or not callable(self.flops):
             raise ValueError(f"attention spec {self.name!r}: make and flops must be callables")
+        if not (isinstance(self.options, type) and issubclass(self.options, Options)):
+            raise ValueError(
+                f"attention spec {self.name!r}: options must be a dataclass extending "
+                f"linear_gpt2.attention.options.Options, got {self.options!r}"
+            )
 
     @property
-    def all_options(self) -> tuple[str, ...]:
-        return (*self.options, *self.extra_options)
+    def kernels(self) -> tuple[str, ...]:
+        """The values ``attention.kernel`` takes (the choices of its options' ``kernel`` field);
+        empty for a variant without one."""
+        found = declared(self.options).get("kernel")
+        return tuple(found[2].choices or ()) if found else ()
 
-    def decoder(self, **options: Any) -> Decoder:
+    def build(self, options: Options) -> AttentionFn:
+        """``make`` with ``options`` (an instance of :attr:`options`)."""
+        return self.make(options)
+
+    def decoder(self, options: Options | None = None) -> Decoder:
         """The incremental decoder, from the variant's own ``make_decoder`` or by recomputation."""
+        options = self.options() if options is None else options
         if self.make_decoder is not None:
-            return self.make_decoder(**options)
-        return recompute_decoder(self.make(**options), self)
+            return self.make_decoder(options)
+        return recompute_decoder(self.build(options), self)
 
 
 # --------------------------------------------------------------------------------------------
 # FLOP counts of the common shapes of attention (forward matmuls per token, all heads)
 
 
-def quadratic_flops(T: int, H: int, D: int, options: Mapping[str, Any]) -> float:
+def quadratic_flops(T: int, H: int, D: int, options: Any) -> float:
     """Scores q.k against all T keys and the weighted sum of T values: 2 T d' + 2 T D per head,
     d' the features of q and k (D, or an expanding feature map's; not halved for causality, as
     nanoGPT and llm.c count)."""
     return H * 2 * T * (feature_maps.key_features(D, options) + D)
 
 
-def state_flops(T: int, H: int, D: int, options: Mapping[str, Any]) -> float:
+def state_flops(T: int, H: int, D: int, options: Any) -> float:
     """The outer product k v^T into a [d', D] state and the read q S: 4 d' D per head."""
     del T
     return H * 4 * feature_maps.key_features(D, options) * D

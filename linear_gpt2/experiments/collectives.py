@@ -155,3 +155,63 @@ def gradient_bytes(params: int, devices: int, itemsize: float = 4) -> float:
     """Bytes one device sends to sum the replicated parameters' gradients over every device
     (data and seq alike): one ring all-reduce of the gradient."""
     return 2 * (devices - 1) / devices * params * itemsize
+
+
+# --------------------------------------------------------------------------------------------
+# The order of a device's collectives on the host runtime
+
+_HOLDERS = ("while", "conditional", "call", "async-start")
+_CONTROL = re.compile(r"control-predecessors=\{([^}]*)\}")
+
+
+def _called(ins) -> list[str]:
+    found = [name for key in ("body", "condition") if (name := ins.attr(key)) is not None]
+    for _, called in _CALLS.findall(ins.attrs):
+        found += re.findall(r"%([\w.\-]+)", called)
+    return found
+
+
+def unordered_collectives(hlo_text: str) -> list[tuple[str, str, str]]:
+    """Collectives one device may have in flight at once: ``(computation, loop, later)`` for
+    each loop, conditional or call holding collectives and each later collective (or holder)
+    of the same computation that does not depend on its result. Empty: every device runs its
+    collectives one at a time, in the program's order.
+
+    XLA:CPU's thunk runtime orders a device's collectives by *scheduling* edges only
+    (``xla/runtime/execution_graph.h``): a collective blocks its thread until it completes, so
+    the next starts after it; but a loop whose body handed work to the thread pool returns
+    before it ends, and a collective after it that does not need its result starts at once.
+    Each waiting collective holds a thread of the pool all host devices share until every
+    participant arrives; with two in flight per device, a device whose loop could not get a
+    thread to go on left the others waiting, and the run aborted (issue 38: ``Expected 8
+    threads to join the rendezvous, but only 6 of them arrived``)."""
+    module = parse_module(hlo_text)
+    holds: dict[str, bool] = {}
+
+    def has(name: str) -> bool:
+        if name not in holds:
+            holds[name] = False
+            comp = module.computations.get(name)
+            holds[name] = comp is not None and any(
+                ins.opcode.removesuffix("-start") in KINDS or any(has(c) for c in _called(ins))
+                for ins in comp.instrs
+            )
+        return holds[name]
+
+    out: list[tuple[str, str, str]] = []
+    for name, comp in module.computations.items():
+        if not has(name):
+            continue
+        deps: dict[str, set[str]] = {}
+        holders: list[str] = []
+        for ins in comp.instrs:
+            preds = list(ins.operands)
+            if m := _CONTROL.search(ins.attrs):
+                preds += re.findall(r"%([\w.\-]+)", m[1])
+            deps[ins.name] = set(preds).union(*(deps.get(p, set()) for p in preds))
+            holder = ins.opcode in _HOLDERS and any(has(c) for c in _called(ins))
+            if holder or ins.opcode.removesuffix("-start") in KINDS:
+                out += [(name, h, ins.name) for h in holders if h not in deps[ins.name]]
+            if holder:
+                holders.append(ins.name)
+    return out

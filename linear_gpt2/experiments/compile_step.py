@@ -136,7 +136,7 @@ class StepReport:
             "remat": self.config.remat,
             "loss_chunk": self.config.loss_chunk,
             "attention": self.config.attention,
-            "kernel": self.config.kernel,
+            "kernel": self.config.attention_options.as_dict().get("kernel"),
             "accum": self.accum,
             "batch": self.batch,
             "context": self.context,

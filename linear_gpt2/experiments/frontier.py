@@ -108,7 +108,7 @@ def kernel_design(
         return None
     shape = (batch, context or cfg.block_size, cfg.n_head, cfg.head_dim)
     with jax.sharding.use_abstract_mesh(targets.mesh(target).abstract_mesh):
-        return spec.kernel_design(shape, dtype, cfg.attention_options())
+        return spec.kernel_design(shape, dtype, cfg.attention_options)
 
 
 def run_frontier(

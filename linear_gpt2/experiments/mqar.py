@@ -2,7 +2,7 @@
 
 Protocols (sweep files in ``configs/sweeps/``, one run per attention and setting, each a
 normal training run of ``scripts/train.py`` on ``data.source: mqar``; see
-``linear_gpt2/data/mqar.py`` for the task):
+``linear_gpt2/training/data/mqar.py`` for the task):
 
 - ``mqar-zoology`` (``mqar_zoology.yaml``): Zoology's figure 2 cells (L, N) = (64, 4),
   (128, 8) and (256, 16), d_model 64, one head, learned positions, two attention-only

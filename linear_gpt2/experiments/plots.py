@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from linear_gpt2.experiments.axes import context_label, loglog_slope
-from linear_gpt2.experiments.runs import Run, context_table, ema, final_loss_table
+from linear_gpt2.experiments.runs import Run, context_table, ema, final_loss_table, run_labels
 
 
 def pyplot():
@@ -174,24 +174,38 @@ def plot_sample_times(
     return save(fig, path)
 
 
+# Line styles for the runs of one family at one context: solid (linear) or dashed (softmax)
+# first, then the others, so two runs never share a colour and a style.
+_STYLES = {
+    "softmax": ["--", (0, (3, 1, 1, 1)), (0, (6, 2)), (0, (3, 1, 1, 1, 1, 1))],
+    "linear": ["-", ":", "-.", (0, (1, 3))],
+}
+
+
 def plot_learning_curves(
     runs: Sequence[Run], path: str | Path, smooth: float = 0.9, title: str | None = None
 ) -> Path:
     """The post's learning figure: loss against steps (left) and hours (right), one colour per
-    context, solid for linear attention and dashed for softmax."""
+    context, solid for linear attention and dashed for softmax; runs of one family at one
+    context (two chunk sizes, say) get styles of their own and their labels say what differs
+    (:func:`~linear_gpt2.experiments.runs.run_labels`)."""
     plt = pyplot()
     contexts = sorted({r.context for r in runs})
     cmap = plt.get_cmap("viridis")
     colors = {c: cmap(i / max(1, len(contexts) - 1)) for i, c in enumerate(contexts)}
+    labels, styles, taken = run_labels(runs), [], {}
+    for r in runs:
+        family = "softmax" if r.family == "softmax" else "linear"
+        i = taken[(r.context, family)] = taken.get((r.context, family), -1) + 1
+        styles.append(_STYLES[family][i % len(_STYLES[family])])
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, x in zip(axes, ("step", "hours")):
-        for r in runs:
+        for r, label, ls in zip(runs, labels, styles):
             xs, ys = r.series(x, "loss")
             if xs.size == 0:
                 continue
-            ls = "--" if r.family == "softmax" else "-"
-            label = f"{r.family} ({r.attention}), ctx {context_label(r.context)}"
-            ax.plot(xs, ema(ys, smooth), ls, color=colors[r.context], lw=1.3, label=label)
+            label = f"{r.family} ({label}), ctx {context_label(r.context)}"
+            ax.plot(xs, ema(ys, smooth), ls=ls, color=colors[r.context], lw=1.3, label=label)
         ax.set_xlabel("update steps" if x == "step" else "hours")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("training loss" + (f" (EMA {smooth})" if smooth > 0 else ""))
@@ -206,14 +220,14 @@ def plot_final_loss_vs_context(
     runs: Sequence[Run], path: str | Path, title: str | None = None
 ) -> Path:
     """Final held-out loss (training loss for runs never evaluated) against context (log2 x),
-    one line per attention variant, dashed for softmax (the post's "final loss by context"
-    figure)."""
+    one line per run label (the attention variant and what else differs), dashed for softmax
+    (the post's "final loss by context" figure)."""
     plt = pyplot()
     rows = [x for x in context_table(runs) if x["loss"] is not None]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for v in dict.fromkeys(x["variant"] for x in rows):
-        pts = sorted((x["context"], x["loss"]) for x in rows if x["variant"] == v)
-        base = any(x["baseline"] for x in rows if x["variant"] == v)
+    for v in dict.fromkeys(x["label"] for x in rows):
+        pts = sorted((x["context"], x["loss"]) for x in rows if x["label"] == v)
+        base = any(x["baseline"] for x in rows if x["label"] == v)
         ax.plot(*zip(*pts), "s--" if base else "o-", ms=5, label=v)
     contexts = sorted({x["context"] for x in rows})
     ax.set_xscale("log", base=2)
@@ -235,29 +249,38 @@ def plot_curves_by_context(
     runs: Sequence[Run], path: str | Path, smooth: float = 0.9, title: str | None = None
 ) -> Path:
     """One panel per context: training loss (EMA, lines) and held-out loss (markers) against
-    steps, one colour per attention variant (the post's "curves per context" figure)."""
+    steps, one colour per run label (the attention variant and what else differs; the post's
+    "curves per context" figure)."""
     plt = pyplot()
     contexts = sorted({r.context for r in runs})
-    variants = list(dict.fromkeys(r.variant for r in runs))
-    colors = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    labels = run_labels(runs)
+    names = list(dict.fromkeys(labels))
+    colors = {v: plt.get_cmap("tab10" if len(names) <= 10 else "tab20")(i % 20)
+              for i, v in enumerate(names)}  # fmt: skip
     n = max(1, len(contexts))
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n + 1, 4), sharey=True, squeeze=False)
     for ax, ctx in zip(axes[0], contexts):
-        for r in (r for r in runs if r.context == ctx):
+        for r, label in zip(runs, labels):
+            if r.context != ctx:
+                continue
             xs, ys = r.series("step", "loss")
             ls = "--" if r.is_baseline else "-"
             if xs.size:
-                ax.plot(xs, ema(ys, smooth), ls, color=colors[r.variant], lw=1.2, label=r.variant)
+                ax.plot(xs, ema(ys, smooth), ls, color=colors[label], lw=1.2, label=label)
             vx, vy = r.series("step", "val_loss")
             if vx.size:
-                ax.plot(vx, vy, "o", ms=3, color=colors[r.variant])
+                ax.plot(vx, vy, "o", ms=3, color=colors[label])
         ax.set_title(f"context {context_label(ctx)}")
         ax.set_xlabel("update steps")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("loss (lines: train EMA; dots: held-out)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        axes[0][-1].legend(handles, labels, fontsize=7)
+    # Every panel's lines in one legend, each label once.
+    legend: dict[str, Any] = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, h)
+    if legend:
+        axes[0][-1].legend(list(legend.values()), list(legend), fontsize=7)
     fig.suptitle(title or "learning curves by context")
     return save(fig, path)
 
@@ -266,22 +289,22 @@ def plot_final_loss_vs_params(
     runs: Sequence[Run], path: str | Path, title: str | None = None
 ) -> Path:
     """Final training loss against parameter count (log x), one colour per context, solid
-    circles for linear and dashed squares for softmax (the post's scaling figure)."""
+    circles for linear and dashed squares for softmax (the post's scaling figure): one line
+    per run label (the attention variant and what else differs,
+    :func:`~linear_gpt2.experiments.runs.run_labels`), so runs that differ are not joined."""
     plt = pyplot()
-    rows = [r for r in final_loss_table(runs) if r["final_loss"] is not None and r["n_params"]]
+    table = final_loss_table(runs)
+    rows = [r for r in table if r["final_loss"] is not None and r["n_params"]]
     contexts = sorted({r["context"] for r in rows})
     cmap = plt.get_cmap("viridis")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, ctx in enumerate(contexts):
         color = cmap(i / max(1, len(contexts) - 1))
         for fam, style in (("linear", "o-"), ("softmax", "s--")):
-            pts = sorted(
-                (r["n_params"], r["final_loss"])
-                for r in rows
-                if r["context"] == ctx and r["family"] == fam
-            )
-            if pts:
-                ax.plot(*zip(*pts), style, color=color, label=f"{fam}, ctx {context_label(ctx)}")
+            mine = [r for r in rows if r["context"] == ctx and r["family"] == fam]
+            for label in dict.fromkeys(r["label"] for r in mine):
+                pts = sorted((r["n_params"], r["final_loss"]) for r in mine if r["label"] == label)
+                ax.plot(*zip(*pts), style, color=color, label=f"{label}, ctx {context_label(ctx)}")
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
     ax.set_ylabel("final training loss")

@@ -3,6 +3,12 @@ and the tables of the learning study built from them (final loss against context
 
 A run's family (``softmax``, ``linear``) comes from its attention's spec; a run of a variant
 whose package is not installed here is ``other``.
+
+Runs compared side by side are told apart by what differs among them (:func:`run_labels`): a
+run's :attr:`Run.variant` (attention and what it forgets), plus every setting that differs
+between runs of that variant at one context and size (``chunk_size=64``, ``kernel=pallas``,
+``context_parallel=2``, a variant's own ``attention.extra`` option, ``seed=1``), plus the run's
+name where nothing else does: no table row or curve ever stands for two runs.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ import numpy as np
 import yaml
 
 from linear_gpt2 import attention as attention_registry
+from linear_gpt2.attention import schema as attention_schema
 from linear_gpt2.experiments.axes import context_label
 from linear_gpt2.model.api import count_params, param_shapes
-from linear_gpt2.model.config import PRESETS, ModelConfig
+from linear_gpt2.model.config import PRESETS, ArchConfig, ModelConfig
 from linear_gpt2.platform.errors import DataError
 
 
@@ -59,17 +66,13 @@ class Run:
 
     @property
     def variant(self) -> str:
-        """The attention and what it forgets: ``flash``, ``LT_chunked``, ``LT_chunked+reset``,
-        ``LT_chunked+gate`` (``+fixed`` for RetNet's decay; a non-default feature map is added
-        as ``/elu1``; ``+conv3`` for a short convolution)."""
-        name = self.attention
-        fmap = self.config.get("attention.feature_map", "softplus")
-        if self.family == "linear" and fmap not in (None, "softplus"):
-            name += f"/{fmap}"
-        if self.config.get("attention.doc_reset"):
-            name += "+reset"
-        if self.config.get("attention.decay") not in (None, "none"):
-            name += f"+{self.config['attention.decay']}"
+        """The attention and what its options change, as the spec's options label them:
+        ``flash``, ``LT_chunked``, ``LT_chunked+reset``, ``LT_chunked+gate`` (``+fixed`` for
+        RetNet's decay; a non-default feature map is added as ``/elu1``), and ``+conv3`` for a
+        short convolution."""
+        prefix = "attention."
+        options = {k[len(prefix) :]: v for k, v in self.config.items() if k.startswith(prefix)}
+        name = attention_schema.label(self.attention, options)
         if self.config.get("model.short_conv"):
             name += f"+conv{self.config['model.short_conv']}"
         return name
@@ -111,6 +114,16 @@ class Run:
         a = np.asarray(pts, dtype=float)
         return a[:, 0], a[:, 1]
 
+    def median_step_ms(self) -> float | None:
+        """The median ``step_time_s`` of the logged steps in milliseconds, without the first
+        step of each start (it compiles the program), unless nothing else is left."""
+        steps, times = self.series("step", "step_time_s")
+        if times.size == 0:
+            return None
+        starts = {int(s.get("start_step", 0)) + 1 for s in self.starts} or {int(steps[0])}
+        warm = times[~np.isin(steps, list(starts))]
+        return float(np.median(warm if warm.size else times)) * 1000
+
     def final_loss(self, frac: float = 0.02) -> float | None:
         """Mean training loss over the last ``frac`` of the logged steps (at least one): the
         post's "final loss", less noisy than the very last step."""
@@ -140,12 +153,13 @@ def count_params_of(config: dict[str, Any], architecture_only: bool = False) -> 
     """Parameters of the model a flat config describes, by shapes only: all of them (embeddings
     and a gate's projection included), or with ``architecture_only`` those of the plain model
     without position embeddings (what stays fixed across a context and attention sweep)."""
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    fields = {f.name for f in dataclasses.fields(ArchConfig)}
     values = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("model.")}
+    values = {k: v for k, v in values.items() if k in fields}
     if not architecture_only and config.get("attention.decay") not in (None, "none"):
         values["decay"] = config["attention.decay"]  # the gate's projection
         values["attention"] = config.get("attention.name")
-    key = tuple(sorted((k, v) for k, v in values.items() if k in fields))
+    key = tuple(sorted(values.items()))
     return _count_params(key, architecture_only)
 
 
@@ -255,29 +269,92 @@ def ema(y: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
-def context_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """The learning study by context: one row per run (sorted by size, variant, context) with
-    its final held-out loss (``val``, the last evaluation), final training loss (``train``),
-    ``loss`` (``val``, or ``train`` for runs without evaluations, ``held_out`` saying which) and
-    ``gap``: ``loss`` minus that of the softmax baseline (:attr:`Run.is_baseline`, e.g.
-    ``flash``) of the same size and context (None without one); also the run's ``seed``,
-    ``train_s`` (its step times summed) and ``spikes`` (the trainer's last spike count)."""
-    rows = []
+# Settings that never tell runs apart: where a run was written, logged and checkpointed, and
+# where its data was read from.
+_NOT_SETTINGS = ("log.", "checkpoint.", "data.path", "data.tokenized_dir", "data.num_proc",
+                 "data.prefetch", "data.hf_")  # fmt: skip
+# What a run's variant, size and context already say.
+_SHOWN = ("attention.name", "attention.feature_map", "attention.doc_reset", "attention.decay",
+          "model.short_conv", "model.n_layer", "model.n_head", "model.n_embd", "model.preset",
+          "data.context")  # fmt: skip
+
+
+def _setting(key: str) -> bool:
+    return not key.startswith(_NOT_SETTINGS) and key not in _SHOWN
+
+
+def _short(keys: Sequence[str]) -> dict[str, str]:
+    """Each key's last part (``chunk_size``), the full key where two would read the same."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def run_labels(runs: Sequence[Run]) -> list[str]:
+    """A label per run (aligned with ``runs``) that tells it from every other run of the same
+    size and context: its :attr:`Run.variant`, then ``key=value`` for each setting that differs
+    between runs of that variant at one context (the same keys for the variant at every
+    context, so a row of a table reads across), ``seed`` last; then ``[name]`` for runs that
+    still read the same."""
+    keys: dict[tuple[str, str], set[str]] = {}
+    groups: dict[tuple[str, str, int], list[Run]] = {}
     for r in runs:
+        groups.setdefault((r.size, r.variant, r.context), []).append(r)
+    for (size, variant, _), group in groups.items():
+        found = keys.setdefault((size, variant), set())
+        for k in {k for r in group for k in r.config if _setting(k)}:
+            if len({repr(r.config.get(k)) for r in group}) > 1:
+                found.add(k)
+    labels = []
+    for r in runs:
+        ks = sorted(keys[(r.size, r.variant)], key=lambda k: (k == "seed", k))
+        short = _short(ks)
+        parts = [f"{short[k]}={r.config.get(k)}" for k in ks]
+        labels.append(" ".join([r.variant, ", ".join(parts)]) if parts else r.variant)
+    seen: dict[tuple[str, int, str], int] = {}
+    for r, label in zip(runs, labels):
+        key = (r.size, r.context, label)
+        seen[key] = seen.get(key, 0) + 1
+    for i, (r, label) in enumerate(zip(runs, labels)):
+        if seen[(r.size, r.context, label)] > 1:
+            labels[i] = f"{label} [{r.name}]"
+    # Runs with the same name as well (two sweeps' run directories): their order.
+    count: dict[tuple[str, int, str], int] = {}
+    for i, r in enumerate(runs):
+        key = (r.size, r.context, labels[i])
+        count[key] = count.get(key, 0) + 1
+        if count[key] > 1:
+            labels[i] = f"{labels[i]} #{count[key]}"
+    return labels
+
+
+def context_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The learning study by context: one row per run (sorted by size, label, context) with
+    its ``label`` (:func:`run_labels`), final held-out loss (``val``, the last evaluation),
+    final training loss (``train``), ``loss`` (``val``, or ``train`` for runs without
+    evaluations, ``held_out`` saying which) and ``gap``: ``loss`` minus that of the softmax
+    baseline (:attr:`Run.is_baseline`, e.g. ``flash``) of the same size and context (the one of
+    the same seed where there are several; None without one); also the run's ``seed``,
+    ``train_s`` (its step times summed), ``step_ms`` (its median step,
+    :meth:`Run.median_step_ms`) and ``spikes`` (the trainer's last spike count)."""
+    rows = []
+    for r, label in zip(runs, run_labels(runs)):
         steps, _ = r.series("step", "loss")
         _, times = r.series("step", "step_time_s")
         _, spikes = r.series("step", "diag/spikes")
+        step_ms = r.median_step_ms()
         rows.append(
             dict(
                 name=r.name,
                 size=r.size,
                 variant=r.variant,
+                label=label,
                 context=r.context,
                 seed=r.config.get("seed"),
                 steps=int(steps[-1]) if steps.size else 0,
                 val=r.final_val_loss(),
                 train=r.final_loss(),
                 train_s=round(float(times.sum()), 1) if times.size else None,
+                step_ms=round(step_ms, 2) if step_ms is not None else None,
                 spikes=int(spikes[-1]) if spikes.size else None,
                 baseline=r.is_baseline,
             )
@@ -285,30 +362,36 @@ def context_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
     for x in rows:
         x["held_out"] = x["val"] is not None
         x["loss"] = x["val"] if x["held_out"] else x["train"]
-    base = {(x["size"], x["context"]): x["loss"] for x in rows if x["baseline"]}
+    bases: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for x in rows:
-        ref = base.get((x["size"], x["context"]))
-        x["gap"] = x["loss"] - ref if x["loss"] is not None and ref is not None else None
-    # The baseline first, then the variants in the order the runs came.
-    variants = [r.variant for r in runs if r.is_baseline] + [r.variant for r in runs]
-    order = {v: i for i, v in enumerate(dict.fromkeys(variants))}
-    return sorted(rows, key=lambda x: (x["size"], order[x["variant"]], x["context"]))
+        if x["baseline"]:
+            bases.setdefault((x["size"], x["context"]), []).append(x)
+    for x in rows:
+        refs = bases.get((x["size"], x["context"]), [])
+        same_seed = [b for b in refs if b["seed"] == x["seed"]]
+        ref = (same_seed or refs or [None])[0]
+        ok = ref is not None and x["loss"] is not None and ref["loss"] is not None
+        x["gap"] = x["loss"] - ref["loss"] if ok else None
+    # The baselines first, then the other labels in the order the runs came.
+    labels = [x["label"] for x in rows if x["baseline"]] + [x["label"] for x in rows]
+    order = {v: i for i, v in enumerate(dict.fromkeys(labels))}
+    return sorted(rows, key=lambda x: (x["size"], order[x["label"]], x["context"]))
 
 
 def context_table_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """:func:`context_table` as a Markdown table per size: final loss per variant (rows) and
+    """:func:`context_table` as a Markdown table per size: final loss per run label (rows) and
     context (columns), held-out (training loss, marked ``*``, for runs never evaluated), with
-    the gap to the softmax baseline in parentheses."""
+    the gap to the softmax baseline in parentheses and the median step time after it."""
     out = []
     for size in dict.fromkeys(x["size"] for x in rows):
         mine = [x for x in rows if x["size"] == size]
         contexts = sorted({x["context"] for x in mine})
-        by = {(x["variant"], x["context"]): x for x in mine}
+        by = {(x["label"], x["context"]): x for x in mine}
         out += [
             f"| {size} | " + " | ".join(context_label(c) for c in contexts) + " |",
             "|---" * (len(contexts) + 1) + "|",
         ]
-        for v in dict.fromkeys(x["variant"] for x in mine):
+        for v in dict.fromkeys(x["label"] for x in mine):
             cells = []
             for c in contexts:
                 x = by.get((v, c))
@@ -317,22 +400,28 @@ def context_table_markdown(rows: Sequence[dict[str, Any]]) -> str:
                     continue
                 mark = "" if x["held_out"] else "*"
                 gap = "" if x["baseline"] or x["gap"] is None else f" ({x['gap']:+.3f})"
-                cells.append(f"{x['loss']:.3f}{mark}{gap}")
+                ms = f", {_ms(x['step_ms'])}/step" if x.get("step_ms") is not None else ""
+                cells.append(f"{x['loss']:.3f}{mark}{gap}{ms}")
             out.append(f"| {v} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 
 
+def _ms(ms: float) -> str:
+    return f"{ms:.3g} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
 def final_loss_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """One row per run: name, size, params, context, attention, family, steps, hours, final
-    loss."""
+    """One row per run: name, label (:func:`run_labels`), size, params, context, attention,
+    family, steps, hours, final loss and median step time (``step_ms``)."""
     rows = []
-    for r in runs:
+    for r, label in zip(runs, run_labels(runs)):
         steps, _ = r.series("step", "loss")
         hours, _ = r.series("hours", "loss")
         rows.append(
             dict(
                 name=r.name,
+                label=label,
                 size=r.size,
                 n_params=r.n_params,
                 context=r.context,
@@ -341,6 +430,7 @@ def final_loss_table(runs: Sequence[Run]) -> list[dict[str, Any]]:
                 steps=int(steps[-1]) if steps.size else 0,
                 hours=float(hours[-1]) if hours.size else None,
                 final_loss=r.final_loss(),
+                step_ms=r.median_step_ms(),
             )
         )
     return rows

@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from linear_gpt2 import attention
 from linear_gpt2.experiments import reports
 from linear_gpt2.experiments.axes import loglog_slope
 from linear_gpt2.model.api import Params, decode, decode_init, init_params
@@ -26,7 +25,7 @@ from linear_gpt2.platform.memory import is_oom
 def decoder_label(config: ModelConfig) -> str:
     """``KV cache (softmax)`` or ``recurrent state (LT_chunked)``: what the decoder keeps (the
     decoder's ``kind``)."""
-    kind = attention.decoder(config.attention, **config.attention_options()).kind
+    kind = config.spec.decoder(config.attention_options).kind
     return f"{kind} ({config.attention})"
 
 

@@ -108,6 +108,17 @@ _MAX_COMPILED = 16
 _COMPILE_SECONDS: dict[tuple[Any, ...], float] = {}
 
 
+# Where compile_step asks first for a step compiled elsewhere (make gpu-check's store of steps
+# compiled on the CPU machine for the GPU, experiments/gpu_check/compiled.py): called with each
+# resolved candidate, it returns that step's executable or None (compile it here).
+_STEP_LOADER: Callable[[ModelConfig, int, dict | None], Any] | None = None
+
+
+def set_step_loader(loader: Callable[[ModelConfig, int, dict | None], Any] | None) -> None:
+    global _STEP_LOADER
+    _STEP_LOADER = loader
+
+
 def _compiled_key(cfg: ModelConfig, batch: int, compiler_options: dict | None) -> tuple:
     return (cfg, batch, tuple(sorted((compiler_options or {}).items())))
 
@@ -129,6 +140,9 @@ def compile_step(cfg: ModelConfig, batch: int = 1, compiler_options: dict | None
         mesh = make_mesh(jax.local_devices()[:1])
 
         def compile_candidate(c: ModelConfig):
+            loaded = _STEP_LOADER(c, batch, compiler_options) if _STEP_LOADER else None
+            if loaded is not None:
+                return compiled_memory(loaded), loaded
             program = jit_train_step(c, tx, mesh, accum=1, batch=batch)
             lowered = program.step.lower(*program.args)
             compiled = lowered.compile(compiler_options=compiler_options or None)
@@ -351,7 +365,9 @@ def bench_setting(
             attention, shape, jnp.dtype(dtype), base.kernel, candidates=chunks
         )
     if spec.kernel_design is not None:
-        options = {**base.attention_options(), "chunk_size": c or base.chunk_size}
+        options = base.attention_options
+        if c:  # the chunk size the sweep timed fastest
+            options = options.replace(chunk_size=c)
         result.kernel_design = spec.kernel_design(shape, dtype, options)
     return result
 

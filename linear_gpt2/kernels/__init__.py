@@ -48,7 +48,7 @@ MIN_BLOCK = 16
 
 
 class KernelUnavailableError(DeviceError):
-    """The requested kernel cannot run on this backend or installation."""
+    """The requested kernel cannot run on this backend, installation or input (every op's)."""
 
 
 def on_gpu() -> bool:
@@ -139,17 +139,6 @@ def log_gate_cotangent(dL: jax.Array) -> jax.Array:
     return jax.lax.cumsum(dL, axis=1, reverse=True)
 
 
-def check_kernel(kernel: str, variant: str, valid: tuple[str, ...] = ("auto", "xla")) -> str:
-    """The implementation to use for ``kernel`` (``auto`` -> ``xla``), or an error naming the
-    valid ones for ``variant``."""
-    if kernel not in valid:
-        raise NotImplementedError(
-            f"{variant}: kernel={kernel!r} is not implemented for this variant; valid kernels: "
-            f"{', '.join(valid)}"
-        )
-    return "xla" if kernel == "auto" else kernel
-
-
 def normalise(num: jax.Array, den: jax.Array, eps: float, dtype) -> jax.Array:
     """``num / (den + eps)`` in float32, cast to ``dtype``. num ``[..., D]``, den ``[...]``."""
     return (num.astype(F32) / (den.astype(F32) + eps)[..., None]).astype(dtype)
@@ -169,50 +158,46 @@ def num_warps(Dp: int) -> int:
     return 4 if Dp <= 64 else 8
 
 
+def tiling_problem(chunk_size: int | str, head_dim: int | None = None) -> str | None:
+    """Why the linear-attention kernels cannot tile chunks (blocks) of ``chunk_size`` (an int, or
+    ``auto``: one they take is chosen) at head dim ``head_dim``, or None."""
+    problem = None if chunk_size == "auto" else block_size_problem(int(chunk_size))
+    if problem:
+        return f"chunk_size={chunk_size} {problem}"
+    return None if head_dim is None else head_dim_problem(head_dim)
+
+
 def resolve_kernel(
-    kernel: str, variant: str, valid: tuple[str, ...], chunk_size, head_dim: int | None = None
+    kernel: str, variant: str, *, fused: str = "pallas", problem: str | None = None
 ) -> str:
-    """The implementation behind ``kernel`` for ``variant``: ``auto`` is ``pallas`` on a GPU when
-    the chunk size and head dim suit the kernels (a power of two >= 16, or ``auto``; D <= 128),
-    ``xla`` otherwise (with a warning on a GPU); other values are checked against ``valid`` and
-    returned as they are."""
-    check_kernel(kernel, variant, valid)
+    """The implementation behind ``kernel`` for ``variant``, every variant's one rule: ``auto``
+    is the ``fused`` kernel when the program is for a GPU (:func:`on_gpu`) and nothing stands
+    in its way (``problem`` None), ``xla`` otherwise, with a warning on a GPU saying why;
+    another value is the kernel asked for (the variant's options checked it)."""
     if kernel != "auto":
         return kernel
     if not on_gpu():
         return "xla"
-    problem = None if chunk_size == "auto" else block_size_problem(int(chunk_size))
-    if problem:
-        problem = f"chunk_size={chunk_size} {problem}"
-    elif head_dim is not None:
-        problem = head_dim_problem(head_dim)
     if problem:
         warnings.warn(
-            f"{variant}: kernel=auto uses xla, not the Pallas kernel, because {problem}",
+            f"{variant}: kernel=auto uses xla, not the {fused} kernel, because {problem}",
             stacklevel=3,
         )
         return "xla"
-    return "pallas"
-
-
-# Kernel choices made by shape in this process (``kernel=pallas`` for LT_chunked), in order: the
-# trainer and scripts/compile.py print the new ones, library users see them as INFO log records.
-_CHOICES: list[str] = []
-_PRINTED = 0
+    return fused
 
 
 def note_choice(message: str, logger: str = __name__) -> None:
-    """Record a choice made by shape (the caller notes each shape once) and log it at INFO."""
-    _CHOICES.append(message)
+    """Log a choice made by shape at INFO (the caller notes each shape once) on ``logger``, a
+    child of ``linear_gpt2.kernels`` (:data:`CHOICES`): the trainer and ``scripts/compile.py``
+    print these records (``linear_gpt2.platform.logs.echo``), a library user sees them as
+    logging's INFO records."""
     logging.getLogger(logger).info(message)
 
 
-def new_choices() -> list[str]:
-    """The choices noted since the last call."""
-    global _PRINTED
-    out = _CHOICES[_PRINTED:]
-    _PRINTED = len(_CHOICES)
-    return out
+# The logger whose INFO records are the kernel choices made by shape (every op's module logs
+# under it).
+CHOICES = __name__
 
 
 def forget_fallback(kernel: str, name: str, variant: str) -> str:
@@ -229,14 +214,6 @@ def forget_fallback(kernel: str, name: str, variant: str) -> str:
         stacklevel=3,
     )
     return "xla"
-
-
-def check_chunk_option(chunk_size, variant: str) -> None:
-    """``chunk_size`` is a positive int or the string ``auto``."""
-    if chunk_size == "auto":
-        return
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"{variant}: chunk_size must be an int >= 1 or 'auto', got {chunk_size!r}")
 
 
 def check_fused_shape(T: int, D: int, c: int, what: str) -> None:

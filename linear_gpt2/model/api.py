@@ -13,7 +13,6 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from linear_gpt2 import attention
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.gpt import GPT
@@ -81,7 +80,7 @@ def decode_init(config: ModelConfig, batch: int, max_len: int | None = None) -> 
             f"max_len={max_len} exceeds block_size={config.block_size}: positions beyond it have "
             "no position embedding"
         )
-    dec = attention.decoder(config.attention, **config.attention_options())
+    dec = config.spec.decoder(config.attention_options)
     one = dec.init(batch, config.n_head, config.head_dim, max_len, jnp.dtype(config.dtype))
     layers = jax.tree.map(lambda a: jnp.broadcast_to(a, (config.n_layer, *a.shape)), one)
     cache = {"pos": jnp.zeros((), jnp.int32), "layers": layers}

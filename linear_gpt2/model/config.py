@@ -1,20 +1,23 @@
-"""The model's configuration: GPT-2's architecture and the attention, one flat frozen value.
+"""The model's configuration: GPT-2's architecture and the attention, one frozen value.
 
 :class:`ModelConfig` is what the model code sees: the architecture fields (:class:`ArchConfig`,
-the YAML ``model`` section), the attention name (``attention``) and its options (the shared
-:class:`~linear_gpt2.attention.options.AttentionOptions` and the variant's own), so that a model
-is described by one hashable value (a static argument to ``jax.jit``). Runs build it from their
-config (``training.config.Config.model_config``); code builds it directly or from a preset.
+the YAML ``model`` section), the attention name (``attention``) and the variant's options (an
+instance of its options class, ``AttentionSpec.options``; ``linear_gpt2.attention.options``), so
+that a model is described by one hashable value (a static argument to ``jax.jit``). Runs build it
+from their config (``training.config.Config.model_config``); code builds it directly or from a
+preset.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+import types
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from linear_gpt2 import attention
-from linear_gpt2.attention.options import AttentionOptions
+from linear_gpt2.attention import schema
+from linear_gpt2.attention.options import Options, declared
 from linear_gpt2.platform.errors import check, check_choice
 
 DTYPES = ("float32", "bfloat16")
@@ -23,6 +26,11 @@ DTYPES = ("float32", "bfloat16")
 # block's input kept in host memory); auto (the cheapest that fits the device; memory_plan.py).
 REMAT = ("none", "dots", "full", "offload", "auto")
 GPT2_VOCAB = 50257  # ids 0..50256 (50256 = <|endoftext|>), what the data pipeline emits
+# Field metadata of a config value that a resumed run may change: it selects how the step is
+# computed or run (a memory setting, a sharding, a micro-batch split) or bounds the run, not the
+# function trained. An attention option says so in its own declaration (``option(...,
+# implementation=True)``); checkpoints and sweeps ask ``Config.resume_may_change``.
+RESUME_MAY_CHANGE = types.MappingProxyType({"resume_may_change": True})
 
 
 @dataclass(frozen=True)
@@ -40,11 +48,11 @@ class ArchConfig:
     # Activation/matmul dtype; parameters, LayerNorm statistics, softmax and loss stay float32.
     dtype: str = "float32"
     # Rematerialisation policy per block (REMAT above). true/false are accepted for full/none.
-    remat: bool | str = "auto"
+    remat: bool | str = field(default="auto", metadata=RESUME_MAY_CHANGE)
     # Tokens per chunk of the fused head + cross-entropy (loss.py), which never holds the whole
     # sequence's [T, vocab] float32 logits; 0 computes the logits at once (nanoGPT's way); auto
     # chunks only when the plain step does not fit the device (memory_plan.py).
-    loss_chunk: int | str = "auto"
+    loss_chunk: int | str = field(default="auto", metadata=RESUME_MAY_CHANGE)
     # Blocks with the MLP (GPT-2). false: attention-only blocks (x + attn(ln_1(x))), the
     # 2-layer models of Zoology's and ReBased's MQAR experiments.
     mlp: bool = True
@@ -111,29 +119,52 @@ class ArchConfig:
     def is_gpt2(self) -> bool:
         """The architecture nanoGPT and Hugging Face GPT-2 can represent (MLP, no convolution,
         q and k of the head dim without a normalisation of their own)."""
-        extra = getattr(self, "feature_dim", 0) or getattr(self, "qk_layer_norm", False)
+        options = getattr(self, "attention_options", None)
+        extra = getattr(options, "feature_dim", 0) or getattr(self, "qk_layer_norm", False)
         return self.mlp and self.short_conv == 0 and not extra
 
 
-@dataclass(frozen=True)
-class ModelConfig(AttentionOptions, ArchConfig):
-    """Everything the model needs, flat and hashable: architecture, attention name, options.
+@dataclass(frozen=True, init=False)
+class ModelConfig(ArchConfig):
+    """Everything the model needs, hashable: architecture, attention name, its options.
 
-    Build it directly (``ModelConfig(n_layer=2, n_head=2, n_embd=64, attention="LT_chunked")``),
-    from a preset (``ModelConfig.preset("124M")``) or from a run config (``Config.model_config``).
+    Build it directly, with the attention's options as keywords beside the architecture's
+    (``ModelConfig(n_layer=2, n_head=2, n_embd=64, attention="LT_chunked", chunk_size=16)``),
+    from a preset (``ModelConfig.preset("124M")``) or from a run config
+    (``Config.model_config``). Options read as attributes too (``cfg.chunk_size``); an option
+    only another built-in variant declares is checked and dropped, as in configs.
     """
 
     attention: str = "softmax"
-    # The variant's own options (``AttentionSpec.extra_options``) as sorted (name, value) pairs:
-    # a tuple, so that the config stays hashable.
-    attention_extra: tuple[tuple[str, Any], ...] = ()
+    # The variant's options: an instance of its spec's options class (frozen, so hashable).
+    attention_options: Options = field(default_factory=Options)
 
-    def __post_init__(self) -> None:
-        ArchConfig.__post_init__(self)
-        if isinstance(self.attention_extra, dict):
-            object.__setattr__(self, "attention_extra", tuple(sorted(self.attention_extra.items())))
-        shared = {f.name: getattr(self, f.name) for f in fields(AttentionOptions)}
-        attention.validate(self.attention, shared, dict(self.attention_extra), prefix="")
+    def __init__(
+        self, attention: str = "softmax", attention_options: Options | None = None, **values: Any
+    ) -> None:
+        arch_names = {f.name for f in fields(ArchConfig)}
+        arch = {k: values.pop(k) for k in list(values) if k in arch_names}
+        ArchConfig.__init__(self, **arch)  # sets and checks the architecture's fields
+        spec = schema.spec_of(attention, prefix="")
+        if attention_options is not None:
+            if not isinstance(attention_options, Options):
+                raise TypeError(
+                    f"attention_options must be an Options instance, got {attention_options!r}"
+                )
+            # Another variant's options (a replace of the name): the fields both declare carry.
+            own = declared(spec.options)
+            kept = {k: v for k, v in attention_options.as_dict().items() if k in own}
+            values = {**kept, **values}
+        object.__setattr__(self, "attention", attention)
+        object.__setattr__(self, "attention_options", schema.parse(spec, values, prefix=""))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: the attention's options, read flat.
+        options = self.__dict__.get("attention_options")
+        if name.startswith("__") or options is None or name not in declared(type(options)):
+            where = f" (attention {self.__dict__.get('attention')!r} has no option {name!r})"
+            raise AttributeError(f"ModelConfig has no attribute {name!r}{where}")
+        return getattr(options, name)
 
     @property
     def spec(self) -> attention.AttentionSpec:
@@ -148,23 +179,17 @@ class ModelConfig(AttentionOptions, ArchConfig):
     def qk_dim(self) -> int:
         """The dimension of q and k per head: ``feature_dim`` when set (the linear family's
         projection, Based's 16), else the head dim."""
-        return self.feature_dim or self.head_dim
+        return getattr(self.attention_options, "feature_dim", 0) or self.head_dim
 
     @property
     def qk_layer_norm(self) -> bool:
         """Whether the attention layer normalises q and k with a learned affine before the
         feature map (ReBased's gamma * LayerNorm(x) + beta: ``feature_map: rebased``)."""
-        if "feature_map" not in self.spec.options:
-            return False
-        return attention.feature_maps.get(self.feature_map).layer_norm
-
-    def attention_options(self) -> dict[str, Any]:
-        """The attention options, shared and the variant's own, as keyword arguments for
-        ``attention.get``."""
-        shared = {f.name: getattr(self, f.name) for f in fields(AttentionOptions)}
-        return {**shared, **dict(self.attention_extra)}
+        feature_map = getattr(self.attention_options, "feature_map", None)
+        return feature_map is not None and attention.feature_maps.get(feature_map).layer_norm
 
     def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with ``changes``: architecture fields, ``attention``, or attention options."""
         return dataclasses.replace(self, **changes)
 
     @classmethod

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import jax
 
-from linear_gpt2 import attention
 from linear_gpt2.model.config import ModelConfig
 
 # Dense bf16 peak FLOP/s per device (datasheet, no sparsity).
@@ -27,9 +26,7 @@ PEAK_FLOPS = {
 def attention_forward_flops_per_token(cfg: ModelConfig, context: int) -> float:
     """Matmul FLOPs of one layer's attention per token, forward, summed over heads: what the
     variant's spec counts (``AttentionSpec.flops``)."""
-    # Only the options the variant reads: a feature map a softmax config carries is not its.
-    options = attention.kwargs_for(cfg.spec, cfg.attention_options())
-    return cfg.spec.flops(context, cfg.n_head, cfg.head_dim, options)
+    return cfg.spec.flops(context, cfg.n_head, cfg.head_dim, cfg.attention_options)
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int, context: int) -> float:

@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from linear_gpt2 import attention
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.layers import (
@@ -51,6 +50,7 @@ from linear_gpt2.model.layers import (
     retnet_gammas,
 )
 from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
+from linear_gpt2.model.loss import counted as counted_after
 from linear_gpt2.model.tokenizer import EOT
 
 _init = nn.initializers.normal(stddev=0.02)
@@ -122,7 +122,7 @@ class CausalSelfAttention(nn.Module):
             # accept the one-token sequence init traces.
             y = v
         elif cache is None:
-            fn = attention.get(cfg.attention, **cfg.attention_options())
+            fn = cfg.spec.build(cfg.attention_options)
             kwargs = dict(forget)
             if cfg.dropout > 0 and not self.deterministic and cfg.spec.dropout:
                 kwargs.update(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
@@ -132,7 +132,7 @@ class CausalSelfAttention(nn.Module):
                 for name, value in stats.items():
                     self.sow(diag.COLLECTION, name, value)
         else:
-            dec = attention.decoder(cfg.attention, **cfg.attention_options())
+            dec = cfg.spec.decoder(cfg.attention_options)
             if T == 1:
                 one = {
                     ("reset" if name == "resets" else name): a[:, 0] for name, a in forget.items()
@@ -304,7 +304,8 @@ class GPT(nn.Module):
             )
             counted = targets != IGNORE_INDEX
             hits = (jnp.argmax(logits, axis=-1) == targets) & counted
-            return hits.sum(), counted.sum()
+            # The count after the logits, as the loss's (loss.counted: issue 38).
+            return hits.sum(), counted_after(counted, logits).astype(jnp.int32)
         if targets is not None and loss_chunk_tokens(cfg) > 0:
             return head_cross_entropy(
                 x, wte.embedding, targets, chunk=loss_chunk_tokens(cfg), dtype=cfg.dtype

@@ -55,7 +55,7 @@ def layer_stats(
     stats = {"out_rms": jnp.sqrt(jnp.mean(jnp.square(y.astype(F32))))}
     spec = cfg.spec
     if spec.stats is not None:
-        stats.update(spec.stats(q, k, v, y, resets, log_gate, cfg.attention_options()))
+        stats.update(spec.stats(q, k, v, y, resets, log_gate, cfg.attention_options))
     if log_gate is not None:
         stats["gamma_mean"] = jnp.exp(log_gate.astype(F32)).mean()
     return stats

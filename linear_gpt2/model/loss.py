@@ -52,7 +52,22 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, ignore_index: int = IGN
     log_z = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
     nll = jnp.where(valid, log_z - picked, 0.0)
-    return nll.sum() / jnp.maximum(valid.sum(), 1)
+    return nll.sum() / jnp.maximum(counted(valid, log_z), 1)
+
+
+def counted(valid: jax.Array, after: jax.Array) -> jax.Array:
+    """float32 number of ``valid`` targets, computed after ``after`` (an array of the loss's
+    own, ``valid``'s shape or more: ``0 * after`` adds nothing finite, and a non-finite loss
+    stays non-finite).
+
+    The count depends on the targets alone; summed over sharded devices it is a collective
+    that XLA:CPU would start while the layer loop's collectives were still in flight on the
+    same device (``linear_gpt2.experiments.collectives.unordered_collectives``), and host
+    devices with two collectives waiting each ran their shared thread pool dry and aborted
+    (issue 38). Made from the loss's own values it waits for the layers, as the rest of the
+    loss does; an optimization barrier would not do: XLA removes it before the program runs."""
+    zero = 0.0 * after.reshape(*valid.shape, -1)[..., 0]
+    return jnp.sum(valid.astype(F32) + zero)
 
 
 def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
@@ -73,7 +88,7 @@ def _forward_and_partials(x, w, targets, chunk: int, dtype):
     V = w.shape[0]
     dt = jnp.dtype(dtype)
     valid_all = targets != IGNORE_INDEX
-    count = jnp.maximum(valid_all.sum(), 1).astype(F32)
+    count = jnp.maximum(counted(valid_all, x), 1.0)  # after the layers (counted)
     xs, ts = _chunks(x, targets, chunk)
     w_c = w.astype(dt)
 
@@ -159,10 +174,10 @@ def _over_devices(x, w, targets, chunk: int, dtype: str) -> jax.Array:
     split = P(DATA if DATA in axes else None, SEQ)
 
     def body(x, w, t):
-        counted = (t != IGNORE_INDEX).sum().astype(F32)
         mean = _local(x, w, t, chunk, dtype)  # 0 where nothing is counted
-        total = jax.lax.psum(mean * jnp.maximum(counted, 1.0), axes)
-        return total / jnp.maximum(jax.lax.psum(counted, axes), 1.0)
+        n = counted(t != IGNORE_INDEX, mean * jnp.ones(t.shape, F32))  # after the layers
+        total = jax.lax.psum(mean * jnp.maximum(n, 1.0), axes)
+        return total / jnp.maximum(jax.lax.psum(n, axes), 1.0)
 
     run = jax.shard_map(
         body, mesh=mesh, in_specs=(split, P(), split), out_specs=P(), axis_names=set(axes),

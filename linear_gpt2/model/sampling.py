@@ -161,7 +161,7 @@ def greedy_by_recompute(
     B, T0 = prompt.shape
     n = T0 + max_new_tokens
     length = n
-    problem, options = config.spec.context_problem, config.attention_options()
+    problem, options = config.spec.context_problem, config.attention_options
     while problem is not None and problem(length, options) and length < config.block_size:
         length += 1
     if length > config.block_size:

@@ -14,8 +14,9 @@ Use it as the last line of a script::
 (the scripts in ``scripts/`` expose ``main(argv=None) -> int`` as ``cli.run(_main, argv)``, so
 tests can call them and check the exit code without a subprocess.)
 
-:func:`run` first points tool caches away from ``$HOME`` (:func:`linear_gpt2.platform.env.configure`),
-then calls ``main(argv)`` and turns the project's expected failures into one line on stderr,
+:func:`run` first points tool caches away from ``$HOME`` (:func:`linear_gpt2.platform.env.configure`)
+and sets the process settings (:func:`linear_gpt2.platform.process.configure`: the GPU
+allocator's share, XLA's flags, the CUDA checks), then calls ``main(argv)`` and turns the project's expected failures into one line on stderr,
 ``error: <message>``, and an exit code:
 
 - 2: usage errors (:class:`~linear_gpt2.platform.errors.UsageError`: a bad config key or value, argument,
@@ -51,7 +52,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from linear_gpt2.platform import env, logs
+from linear_gpt2.platform import env, logs, process
 from linear_gpt2.platform.errors import (
     DeviceError,
     LinearGPT2Error,
@@ -170,6 +171,7 @@ def run(main_fn: Callable[[list[str]], int | None], argv: Sequence[str] | None =
         os.environ[DEBUG_ENV] = "1"  # subprocesses (sweep points) report the same way
     args = [a for a in args if a != DEBUG_FLAG]
     env.configure()
+    process.configure()
     logs.quiet_native_logs(args + ([DEBUG_FLAG] if debug else []))
     try:
         with logs.quiet_python_logs(not debug):

@@ -2,7 +2,8 @@
 
 wandb (debug logs, artifact cache, settings), Hugging Face ``datasets``/``huggingface_hub``
 (lock files, dataset cache), matplotlib (font cache), Triton and the CUDA JIT all default to
-``~/.cache``, ``~/.config`` or ``~/.triton``. :func:`configure` points each of them at the project's
+``~/.cache``, ``~/.config`` or ``~/.triton``, and PyTorch's compiler (the interop checks'
+``torch``) to ``$TMPDIR/torchinductor_<user>``. :func:`configure` points each of them at the project's
 cache directory instead, once, before those libraries are imported; every entry point calls it
 (through :func:`linear_gpt2.platform.cli.run`). A variable the user has set is never changed.
 
@@ -45,6 +46,7 @@ def defaults(root: Path | None = None) -> dict[str, str]:
         "WANDB_DATA_DIR": root / "wandb" / "data",
         "WANDB_CONFIG_DIR": root / "wandb" / "config",
         "TRITON_CACHE_DIR": root / "triton",
+        "TORCHINDUCTOR_CACHE_DIR": root / "torchinductor",
         "CUDA_CACHE_PATH": root / "nv",
     }
     home = Path(os.path.expanduser("~"))

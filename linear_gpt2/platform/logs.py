@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 DEBUG_ENV = "LINEAR_GPT2_DEBUG"
 DEBUG_FLAG = "--debug"
@@ -90,3 +90,30 @@ def _issued_by_third_party() -> bool:
     if frame is None:
         return False
     return str(frame.f_globals.get("__name__", "")).split(".")[0] in _THIRD_PARTY_PACKAGES
+
+
+class _Callback(logging.Handler):
+    def __init__(self, write: Callable[[str], None]):
+        super().__init__()
+        self.write = write
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.write(record.getMessage())
+
+
+@contextlib.contextmanager
+def echo(name: str, write: Callable[[str], None], level: int = logging.INFO) -> Iterator[None]:
+    """Within the block, each record of logger ``name`` (and its children) at ``level`` or above
+    is passed to ``write`` as its message: how an entry point shows the library's INFO records
+    that matter to it (the kernel choices made by shape) without a global list. The logger's
+    level is lowered to ``level`` meanwhile if it was higher, and restored."""
+    logger = logging.getLogger(name)
+    handler, old = _Callback(write), logger.level
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)

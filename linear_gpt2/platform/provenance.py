@@ -30,9 +30,16 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_CODE = ("benchmarks/results", "docs", "README.md")
 
 
+# A copy of the work tree without its git folder (a lent GPU machine's) is told its commit by
+# this variable (make gpu-check's runner sets it from what make gpu-compile recorded).
+COMMIT_ENV = "LINEAR_GPT2_GIT_COMMIT"
+
+
 def git_commit() -> str | None:
     """The repository's HEAD commit, with ``+dirty`` when the work tree has changes to tracked
-    files other than :data:`NOT_CODE`."""
+    files other than :data:`NOT_CODE`; without git, ``$LINEAR_GPT2_GIT_COMMIT``."""
+    if not (REPO / ".git").exists() and os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
@@ -53,7 +60,7 @@ def git_commit() -> str | None:
         ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except Exception:
-        return None
+        return os.environ.get(COMMIT_ENV) or None
 
 
 def environment() -> dict[str, Any]:

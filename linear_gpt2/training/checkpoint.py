@@ -47,22 +47,6 @@ def _loader_shards(config: Config) -> int:
     return plan_batches(config, jax.device_count(), jax.process_count()).loader_count
 
 
-# Keys that may change between a run and its resumption: logging, budgets, and implementation
-# choices that do not change the function computed (kernel, chunk size, micro-batch split).
-MUTABLE_PREFIXES = (
-    "log.",
-    "checkpoint.",
-    "train.max_steps",
-    "train.max_hours",
-    "train.micro_batch",
-    "train.on_nan",
-    "train.fsdp",
-    "train.context_parallel",
-    "attention.kernel",
-    "attention.chunk_size",
-    "model.remat",
-    "model.loss_chunk",
-)
 LOADER_STATE = "loader_state"
 
 
@@ -399,8 +383,10 @@ def check_compatible(saved: dict[str, Any], current: Config, where: Path | str) 
             f"checkpoint {where} was written with a config this version cannot read ({first}); "
             + start_over
         ) from None
+    # Keys a resumed run may change (logging, budgets, implementation choices such as the kernel
+    # or chunk size) are declared beside their fields: Config.resume_may_change.
     changed = {
-        k: v for k, v in diff(saved_cfg, current).items() if not k.startswith(MUTABLE_PREFIXES)
+        k: v for k, v in diff(saved_cfg, current).items() if not current.resume_may_change(k)
     }
     if changed:
         keys = ", ".join(f"{k} (checkpoint {a!r}, now {b!r})" for k, (a, b) in changed.items())

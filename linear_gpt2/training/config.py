@@ -5,13 +5,18 @@ their checks, is in ``config_schema.py``; every name of it is importable from he
 ``configs/`` are YAML and may extend others (``defaults: [base.yaml]``); overrides are
 ``section.key=value`` strings (``model.n_layer=24 attention.chunk_size=128``). OmegaConf merges
 them onto the schema, which rejects unknown keys and values of the wrong type; the dataclasses
-then check the values and the combinations. Every failure is a :class:`ConfigError` that names
+then check the values and the combinations. The ``attention`` section is merged as a plain
+mapping and read by the variant's own options class (``AttentionConfig.from_values``), which
+types and checks each option the same way. Every failure is a :class:`ConfigError` that names
 the key and says what is valid.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
+import typing
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from linear_gpt2.model.config import ModelConfig, preset_values
-from linear_gpt2.platform import cli
 from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.training.config_schema import (
     DATA_SOURCES,
@@ -153,36 +157,38 @@ def load_config_from_dict(data: dict[str, Any]) -> Config:
     return _build([OmegaConf.create(data)])
 
 
-def _own_options_to_extra(layer: DictConfig) -> None:
-    """Move the ``attention`` keys that are not in the schema (a variant's own options) into
-    ``attention.extra``, where :func:`attention.validate` checks them against the variant."""
-    node = OmegaConf.select(layer, "attention", default=None)
-    if not isinstance(node, DictConfig):
-        return
-    known = {f.name for f in fields(AttentionConfig)}
-    own = [str(k) for k in node.keys() if str(k) not in known]
-    if own:
-        extra = dict(node.get("extra") or {})
-        extra.update({k: node[k] for k in own})
-        for k in own:
-            node.pop(k)
-        node["extra"] = extra
+@functools.cache
+def _schema_class() -> type:
+    """:class:`Config`'s sections as OmegaConf's schema, with ``attention`` a plain mapping:
+    its keys are the variant's, typed and checked by its options class, not by OmegaConf."""
+    hints = typing.get_type_hints(Config)
+    specs = []
+    for f in fields(Config):
+        if f.name == "attention":
+            specs.append(("attention", dict[str, Any], dataclasses.field(default_factory=dict)))
+        elif f.default_factory is not dataclasses.MISSING:
+            specs.append(
+                (f.name, hints[f.name], dataclasses.field(default_factory=f.default_factory))
+            )
+        else:
+            specs.append((f.name, hints[f.name], dataclasses.field(default=f.default)))
+    return dataclasses.make_dataclass("ConfigSchema", specs)
 
 
 def _build(layers: list[DictConfig]) -> Config:
-    schema = OmegaConf.structured(Config)
+    schema = OmegaConf.structured(_schema_class())
     try:
         merged = schema
         for layer in layers:
-            _own_options_to_extra(layer)
             merged = OmegaConf.merge(merged, layer)
         obj = OmegaConf.to_object(merged)
+        sections = {f.name: getattr(obj, f.name) for f in fields(obj)}
     except ConfigError:
         raise
     except OmegaConfBaseException as e:
         raise _translate(e, schema) from None
-    assert isinstance(obj, Config)
-    return obj
+    sections["attention"] = AttentionConfig.from_values(sections["attention"])
+    return Config(**sections)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -228,6 +234,8 @@ def _print_config(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m linear_gpt2.training.config CONFIG [key=value ...]``: print the resolved
     config (exit 2 with a one-line error for a bad key or value)."""
+    from linear_gpt2.platform import cli  # the entry point's: importing the library sets nothing
+
     return cli.run(_print_config, argv)
 
 

@@ -6,41 +6,76 @@ and :class:`Config`'s the combinations across sections; every failure is a
 :class:`ConfigError` that names the key and says what is valid. Reading YAML files and dotted
 overrides onto this schema is ``config.py``'s job; callers import both from there.
 
-The model code sees one flat, frozen :class:`ModelConfig` (``Config.model_config``): the
-architecture fields, the attention name (``attention``) and the attention options, so that a
-model is described by one hashable value (it is a static argument to ``jax.jit``).
+The ``attention`` section is the variant's name and its options, declared by the variant
+itself (its spec's options class, ``linear_gpt2/attention/options.py``): :class:`AttentionConfig`
+reads and checks them through ``linear_gpt2.attention.schema``.
+
+The model code sees one frozen :class:`ModelConfig` (``Config.model_config``): the architecture
+fields, the attention name (``attention``) and the attention options, so that a model is
+described by one hashable value (it is a static argument to ``jax.jit``).
+
+Which keys a resumed run may change (:meth:`Config.resume_may_change`) is declared beside each
+field: ``RESUME_MAY_CHANGE`` in its metadata, every key of the ``log`` and ``checkpoint``
+sections, and an attention option whose declaration says it only selects the implementation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from linear_gpt2 import attention
-from linear_gpt2.attention.options import AttentionOptions
-from linear_gpt2.model.config import GPT2_VOCAB, ArchConfig, ModelConfig
+from linear_gpt2.attention import schema
+from linear_gpt2.attention.options import Options, declared
+from linear_gpt2.model.config import GPT2_VOCAB, RESUME_MAY_CHANGE, ArchConfig, ModelConfig
+from linear_gpt2.platform.errors import ConfigError
 from linear_gpt2.platform.errors import check as _check
 from linear_gpt2.platform.errors import check_choice as _check_choice
 
 
 @dataclass(frozen=True)
-class AttentionConfig(AttentionOptions):
+class AttentionConfig:
     """The YAML ``attention`` section: which algorithm (a built-in name, or the module path of a
-    variant of your own), the shared options, and the variant's own options in ``extra`` (set
-    them as ``attention.<option>=value``; they are moved there when the config is built)."""
+    variant of your own) and its options, ``attention.<option>=value``, an instance of the
+    variant's options class (``options``; its fields also read as attributes,
+    ``cfg.attention.chunk_size``). Written back flat: ``{name: ..., <option>: ...}``."""
 
     name: str = "softmax"
-    extra: dict[str, Any] = field(default_factory=dict)
+    options: Options | None = None  # None: the variant's defaults
 
     def __post_init__(self) -> None:
-        shared = {f.name: getattr(self, f.name) for f in fields(AttentionOptions)}
-        attention.validate(self.name, shared, self.extra, prefix="attention.")
+        spec = schema.spec_of(self.name)
+        if self.options is None:
+            object.__setattr__(self, "options", spec.options())
+        elif type(self.options) is not spec.options:
+            raise TypeError(
+                f"attention {self.name!r} takes {spec.options.__name__}, got {self.options!r}"
+            )
+        schema.check_takes(spec, self.options)
 
-    def __hash__(self) -> int:  # extra is a dict; a Config is compared, not hashed
-        return hash((self.name, tuple(sorted(self.extra.items()))))
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> AttentionConfig:
+        """From the section as a YAML file or the command line gives it: ``name`` and options
+        (an earlier version kept a variant's own options under ``extra``: read there too)."""
+        values = dict(values)
+        name = values.pop("name", cls.name)
+        extra = values.pop("extra", None) or {}
+        if not isinstance(extra, Mapping):
+            raise ConfigError(f"attention.extra: must be a mapping of options, got {extra!r}")
+        return cls(name, schema.options_of(str(name), {**values, **extra}))
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options")
+        if name.startswith("__") or options is None or name not in declared(type(options)):
+            raise AttributeError(f"attention {self.__dict__.get('name')!r} has no option {name!r}")
+        return getattr(options, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.options.as_dict()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,9 +176,10 @@ class DataConfig:
 class TrainConfig:
     # Tokens per optimizer update, held constant across contexts as the post does (2^19).
     tokens_per_update: int = 2**19
-    micro_batch: int = 8  # sequences per device per micro-step
-    max_steps: int = 5000
-    max_hours: float | None = None
+    # Sequences per device per micro-step.
+    micro_batch: int = field(default=8, metadata=RESUME_MAY_CHANGE)
+    max_steps: int = field(default=5000, metadata=RESUME_MAY_CHANGE)
+    max_hours: float | None = field(default=None, metadata=RESUME_MAY_CHANGE)
     lr: float = 6e-4
     min_lr: float = 6e-5
     warmup_steps: int = 700
@@ -153,11 +189,11 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
-    on_nan: str = "stop"  # stop | skip
-    fsdp: bool = False
+    on_nan: str = field(default="stop", metadata=RESUME_MAY_CHANGE)  # stop | skip
+    fsdp: bool = field(default=False, metadata=RESUME_MAY_CHANGE)
     # Devices each sequence is split over along T (the mesh's ``seq`` axis; attention/context.py):
     # 1 keeps whole sequences per device.
-    context_parallel: int = 1
+    context_parallel: int = field(default=1, metadata=RESUME_MAY_CHANGE)
     # Stop once the held-out accuracy (log.eval_accuracy) reaches this, as Zoology and ReBased
     # stop their MQAR runs at 0.99; null trains for max_steps.
     target_val_acc: float | None = None
@@ -201,6 +237,9 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
+    # Where and how the run reports: a resumed run may change any of it.
+    RESUME_MAY_CHANGE_ALL: ClassVar[bool] = True
+
     run_dir: str = "runs/${log.name}"
     name: str = "default"
     every: int = 1
@@ -239,6 +278,9 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
+    # How the run saves and resumes: a resumed run may change any of it.
+    RESUME_MAY_CHANGE_ALL: ClassVar[bool] = True
+
     every: int = 1000
     keep: int = 3
     resume: str = "auto"  # auto | never | <path to a checkpoint directory>
@@ -304,20 +346,43 @@ class Config:
         attention.validate_context(
             self.attention.name,
             self.data.context,
-            self.model_config.attention_options(),
+            self.attention.options,
             context_parallel=self.train.context_parallel,
         )
 
     @property
     def model_config(self) -> ModelConfig:
-        """The flat model description built from the ``model`` and ``attention`` sections."""
+        """The model description built from the ``model`` and ``attention`` sections."""
         arch = {f.name: getattr(self.model, f.name) for f in fields(ArchConfig)}
-        opts = {f.name: getattr(self.attention, f.name) for f in fields(AttentionOptions)}
-        extra = tuple(sorted(self.attention.extra.items()))
-        return ModelConfig(**arch, **opts, attention=self.attention.name, attention_extra=extra)
+        return ModelConfig(
+            **arch, attention=self.attention.name, attention_options=self.attention.options
+        )
+
+    def resume_may_change(self, key: str) -> bool:
+        """Whether the dotted ``key`` may differ between a run and its resumption (the module
+        docstring): bookkeeping, budgets and implementation choices that leave the function
+        trained unchanged."""
+        section, _, rest = key.partition(".")
+        if section == "attention":
+            return schema.implementation_only(self.attention.name, rest)
+        node: Any = self
+        for part in key.split("."):
+            if getattr(type(node), "RESUME_MAY_CHANGE_ALL", False) is True:
+                return True
+            found = {f.name: f for f in fields(node)} if dataclasses.is_dataclass(node) else {}
+            if part not in found:
+                return False
+            if found[part].metadata.get("resume_may_change"):
+                return True
+            node = getattr(node, part)
+        return False
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+               for k, v in out.items()}  # fmt: skip
+        out["attention"] = self.attention.to_dict()
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -58,6 +58,8 @@ class RunLogger:
         self.last_step = start_step
         self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr))
         self.console = Console(stderr=False, highlight=False)
+        # Not a terminal (a file, a pipe, a job's log): each line whole, not cut at 80 columns.
+        self.console.soft_wrap = not self.console.is_terminal
         self.wandb_run = None
         self.progress = None
         if not enabled:

@@ -14,7 +14,6 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from linear_gpt2 import kernels
 from linear_gpt2.model import layer_stats as diag_lib
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.flops import device_peak_flops, flops_per_token
@@ -75,6 +74,7 @@ class StepLoop:
         self.checkpointer, self.loader, self.log = start.checkpointer, start.loader, log
         self.state, self.rng, self.step = start.state, start.rng, start.step
         self.last_saved = start.step if start.step > 0 else None
+        self.stop_signal: int | None = None  # SIGINT / SIGTERM when a signal stopped the run
         self.losses: dict[int, float] = {}
         self.spikes = _spike_counter(cfg, log, start.step)
         self.tokens_per_update = self.plan.sequences * cfg.data.context
@@ -101,6 +101,7 @@ class StepLoop:
             while stopped_by is None and self.step < self.cfg.train.max_steps:
                 stopped_by = self._advance(stop)
             stopped_by = stopped_by or "max_steps"
+            self.stop_signal = stop.signal
             if self.last_saved != self.step:
                 self.save(self.step, force=True)
             if stopped_by not in ("max_steps", "target_val_acc"):
@@ -178,8 +179,6 @@ class StepLoop:
                 self.state, arrays[0], arrays[1], self.rng, *arrays[2:]
             )
             metrics = jax.device_get(metrics)  # waits for the device: the time is real
-            for choice in kernels.new_choices():  # made by shape when first traced
-                self.log.print(f"kernel: {choice}")
         except Exception as e:
             if is_oom(e):
                 raise OutOfMemoryError(

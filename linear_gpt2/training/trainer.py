@@ -25,8 +25,9 @@ from pathlib import Path
 
 import jax
 
+from linear_gpt2 import kernels
 from linear_gpt2.model import count_params, init_params
-from linear_gpt2.platform import provenance
+from linear_gpt2.platform import logs, process, provenance
 from linear_gpt2.training import checkpoint as ckpt_lib
 from linear_gpt2.training import data as data_lib
 from linear_gpt2.training.batches import plan_batches
@@ -64,6 +65,7 @@ class RunResult:
     stopped_by: str  # "max_steps", "max_hours", "target_val_acc", "signal"
     losses: dict[int, float]  # step -> training loss, for the steps this call ran
     state: TrainState  # final parameters and optimizer state (global arrays)
+    signal: int | None = None  # the signal's number when stopped_by is "signal"
 
 
 def train(cfg: Config) -> RunResult:
@@ -72,6 +74,7 @@ def train(cfg: Config) -> RunResult:
     restart, ``train.target_val_acc``); the run directory then holds a checkpoint of the last
     step. The run directory is locked for the call (``run_lock.py``): a second trainer on it
     raises :class:`RunDirectoryLockedError` before writing anything."""
+    process.configure()  # before the first device is used; a caller's own settings are kept
     run_dir = Path(cfg.log.run_dir)
     is_main = jax.process_index() == 0
     layout = _lay_out(cfg)
@@ -81,16 +84,19 @@ def train(cfg: Config) -> RunResult:
             save_config(cfg, run_dir / "config.yaml")
             _note_start(run_dir, start)
         log = _start_log(cfg, layout, start, is_main)
-        programs = build_programs(
-            cfg, layout.model_cfg, layout.tx, layout.mesh, layout.plan, layout.shardings.params, log
-        )
-        loop = StepLoop(cfg, layout, programs, log, start)
-        try:
-            stopped_by = loop.run()
-        finally:
-            start.checkpointer.close()
-            log.close()
-            start.loader.close()
+        # Kernel choices made by shape when the step is traced, printed as they are made.
+        with logs.echo(kernels.CHOICES, lambda choice: log.print(f"kernel: {choice}")):
+            programs = build_programs(
+                cfg, layout.model_cfg, layout.tx, layout.mesh, layout.plan,
+                layout.shardings.params, log,
+            )  # fmt: skip
+            loop = StepLoop(cfg, layout, programs, log, start)
+            try:
+                stopped_by = loop.run()
+            finally:
+                start.checkpointer.close()
+                log.close()
+                start.loader.close()
         if is_main:
             records = read_jsonl(run_dir / "metrics.jsonl")
             plot_loss(
@@ -98,7 +104,7 @@ def train(cfg: Config) -> RunResult:
                 run_dir / "loss.png",
                 f"{cfg.log.name}: {cfg.attention.name}, context {cfg.data.context}",
             )
-    return RunResult(run_dir, loop.step, stopped_by, loop.losses, loop.state)
+    return RunResult(run_dir, loop.step, stopped_by, loop.losses, loop.state, loop.stop_signal)
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,12 +205,25 @@ def _start_log(cfg: Config, layout: Layout, start: Start, is_main: bool) -> RunL
     log.print(cfg.to_yaml())
     trained = f" after {start.hours:.3f} hours" if start.step else ""
     log.print(
-        f"{layout.n_params / 1e6:.2f}M parameters | {plan.devices} devices in {plan.processes} "
-        f"process(es) | {plan.sequences} x {cfg.data.context} tokens per update = {plan.accum} "
-        f"micro-steps of {plan.micro_batch} per device | starting at step {start.step} of "
-        f"{total}{trained}"
+        f"{layout.n_params / 1e6:.2f}M parameters | {_devices(plan, cfg.data.context)} | "
+        f"{plan.sequences} x {cfg.data.context} tokens per update = {plan.accum} micro-steps "
+        f"of {plan.micro_batch} per {'data group' if plan.seq_shards > 1 else 'device'} | "
+        f"starting at step {start.step} of {total}{trained}"
     )
     return log
+
+
+def _devices(plan, context: int) -> str:
+    """How the devices split the work: ``8 devices in 1 process(es)``, and under context
+    parallelism the mesh and each device's share of a sequence: ``(data 4 x seq 2: 128 tokens
+    of each sequence per device)``."""
+    out = f"{plan.devices} devices in {plan.processes} process(es)"
+    if plan.seq_shards > 1:
+        out += (
+            f" (data {plan.data_devices} x seq {plan.seq_shards}: "
+            f"{context // plan.seq_shards} tokens of each sequence per device)"
+        )
+    return out
 
 
 def _warn(message: str) -> None:

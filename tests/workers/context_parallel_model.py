@@ -36,6 +36,9 @@ B = 2
 
 
 def main() -> None:
+    from linear_gpt2.platform import process
+
+    process.configure()  # several host devices: XLA:CPU's collectives in order
     import jax
     import jax.numpy as jnp
     import numpy as np

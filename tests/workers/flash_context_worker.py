@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-import linear_gpt2  # noqa: F401  (JAX's environment first)
 from linear_gpt2 import attention
-from linear_gpt2.attention import flash_context
 from linear_gpt2.attention.context import over_sequence, sequence_shards
+from linear_gpt2.kernels.flash import ring as flash_context
+from linear_gpt2.platform import process
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -96,6 +96,7 @@ def stacked_masks() -> int:
 
 
 def main() -> None:
+    process.configure()  # several host devices: XLA:CPU's collectives in order
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))
     w = jnp.asarray(rng.uniform(0.5, 1.5, size=(B, T, H, D)), jnp.float32)

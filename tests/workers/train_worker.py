@@ -10,7 +10,10 @@ import sys
 
 def main() -> None:
     out, config, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
+    from linear_gpt2.platform import process
     from linear_gpt2.training import distributed
+
+    process.configure()  # the suite's process settings, before JAX starts
 
     distributed.initialize()
     import jax

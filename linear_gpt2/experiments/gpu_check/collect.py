@@ -1,6 +1,8 @@
 """The units' outputs merged into results files (``<kind>_<device>_measured.*``), and the page
-``gpu_check_<device>_measured.md`` that renders them. Run after every invocation, over every
-unit done so far, so that a session cut short still leaves its results.
+``gpu_check_<device>_measured.md`` that renders them. Run after every unit, over every unit done
+so far, so that a window cut short still leaves its results (and back here, over the run folder
+an archive was merged into). ``<device>`` is the GPU's label (``h100``, ``h200``): an H200's
+figures land in files of their own.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from linear_gpt2.experiments.gpu_check import learning
-from linear_gpt2.experiments.gpu_check.plan import PHASE_BUDGET_S, Plan, Stage
+from linear_gpt2.experiments.gpu_check.plan import Plan, Stage
 from linear_gpt2.experiments.gpu_check.runner import read_done, unit_dir
 
 
@@ -63,20 +65,89 @@ def tests(stage, run_dir, results, dev, env) -> list[Path]:
     return [_write_json(results / f"gpu_tests_{dev}_measured.json", {"meta": meta, "files": files})]
 
 
-def step(stage, run_dir, results, dev, env) -> list[Path]:
-    from linear_gpt2.experiments import step_time
+def executables(run_dir: Path, stage: Stage, unit: str) -> list[dict]:
+    """The unit's look-ups in the store of steps compiled here (``compiled.jsonl``)."""
+    path = unit_dir(run_dir, stage.name, unit) / "compiled.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
-    rows, meta = [], None
-    for _, path in _units(run_dir, stage, "step.json"):
+
+def _step_rows(stage, run_dir) -> tuple[list[dict], dict | None, dict[str, list]]:
+    rows, meta, looked = [], None, {}
+    for unit, path in _units(run_dir, stage, "step.json"):
         data = json.loads(path.read_text())
         meta = meta or data["meta"]
         rows += data["results"]
+        looked[unit] = executables(run_dir, stage, unit)
+    return rows, meta, looked
+
+
+def step(stage, run_dir, results, dev, env) -> list[Path]:
+    from linear_gpt2.experiments import step_time
+
+    rows, meta, looked = _step_rows(stage, run_dir)
     if not rows:
         return []
-    meta = {**meta, "sizes_and_contexts": "make gpu-check's step stage (gpu_check/stages.py)"}
+    loaded = sum(e["status"] == "loaded" for es in looked.values() for e in es)
+    misses = sorted({e.get("why", "") for es in looked.values() for e in es
+                     if e["status"] != "loaded"})  # fmt: skip
+    meta = {**meta, "sizes_and_contexts": "make gpu-check's step stage (gpu_check/stages.py)",
+            "executables": f"{loaded} steps loaded from the store compiled here for the "
+            f"target (gpu_check/compiled.py), the rest compiled on the device"
+            + (f"; misses: {'; '.join(misses)}" if misses else ""),
+            "executables_per_unit": looked}  # fmt: skip
     results_ = [step_time.StepResult(**{k: v for k, v in r.items()}) for r in rows]
     paths = step_time.write_results(results_, results, f"step_time_{dev}_measured", meta)
     return list(paths)
+
+
+def compile_ab(stage, run_dir, results, dev, env, plan=None) -> list[Path]:
+    """Each setting of the ``compile_ab`` units beside the same setting of the step unit of
+    the same name: median ms loaded (compiled here) and compiled on the GPU, their ratio."""
+    rows = []
+    step_stage = plan.stage("step") if plan is not None else None
+    for unit, path in _units(run_dir, stage, "step.json"):
+        there = {(r["attention"], r["context"]): r for r in json.loads(path.read_text())["results"]}
+        here_path = unit_dir(run_dir, "step", unit) / "step.json"
+        if step_stage is None or not here_path.is_file():
+            continue
+        looked = executables(run_dir, step_stage, unit)
+        for r in json.loads(here_path.read_text())["results"]:
+            t = there.get((r["attention"], r["context"]))
+            if t is None or not r.get("median_ms") or not t.get("median_ms"):
+                continue
+            rows.append({
+                "attention": r["attention"], "size": r["size"], "context": r["context"],
+                "chunk_size": r.get("chunk_size"), "loaded_ms": r["median_ms"],
+                "compiled_there_ms": t["median_ms"], "ratio": r["median_ms"] / t["median_ms"],
+                "loaded": sum(e["status"] == "loaded" for e in looked),
+                "looked_up": len(looked),
+            })  # fmt: skip
+    if not rows:
+        return []
+    meta = _meta(env, compared="step/<unit> (steps loaded from the store compiled here, "
+                 "deviceless) against compile_ab/<unit> (compiled on the GPU), same session",
+                 ratio="loaded median / compiled-there median")  # fmt: skip
+    return [_write_json(results / f"compile_ab_{dev}_measured.json", {"meta": meta, "rows": rows})]
+
+
+def kernel_sweep(stage, run_dir, results, dev, env) -> list[Path]:
+    rows, meta = [], None
+    for u in stage.units:
+        if read_done(run_dir, stage.name, u.name) is None:
+            continue
+        for path in sorted(unit_dir(run_dir, stage.name, u.name).glob("bench_kernels-*.json")):
+            data = json.loads(path.read_text())
+            rows += data.get("rows", [])
+            meta = meta or {"how": "measured", "environment": {k: data.get(k) for k in (
+                "device_kind", "platform", "jax_version", "jaxlib_version", "git_commit",
+                "time_utc")}, "settings": {k: data.get(k) for k in (
+                "shape", "dtype", "chunk_size", "warmup", "repeats", "interpret_mode")}}  # fmt: skip
+    if not rows:
+        return []
+    return [_write_json(results / f"kernel_sweep_{dev}_measured.json", {"meta": meta,
+                        "rows": rows})]  # fmt: skip
 
 
 def kernels(stage, run_dir, results, dev, env) -> list[Path]:
@@ -200,35 +271,58 @@ def context(stage, run_dir, results, dev, env) -> list[Path]:
 
 COLLECTORS: dict[str, Callable[..., list[Path]]] = {
     "tests": tests, "kernels": kernels, "step": step, "profile": profile, "sample": sample,
-    "memory": memory, "mqar": mqar, "context": context,
+    "memory": memory, "mqar": mqar, "context": context, "compile_ab": compile_ab,
+    "kernel_sweep": kernel_sweep,
 }  # fmt: skip
+WINDOWS = "windows.jsonl"  # the run folder's record of each window: estimate, time, units
 
 
-def units_record(plan: Plan, run_dir: Path, results: Path, env: dict) -> Path:
-    """Every unit's time next to its estimate: what the next plan is priced from."""
+def window_records(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / WINDOWS
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def units_record(plan: Plan, run_dir: Path, results: Path, env: dict, dev: str) -> Path:
+    """Every unit's time next to its estimate, and every window's (what the next plan is
+    priced from; the dry run shows the last window's estimate beside what it took)."""
     units = []
     for s in plan.stages:
         for u in s.units:
             d = read_done(run_dir, s.name, u.name)
             if d is not None:
-                units.append({**d, "phase": s.phase})
-    path = results / f"gpu_check_{plan.device}_measured.json"
-    old = json.loads(path.read_text()).get("units", []) if path.is_file() else []
-    keyed = {(u["stage"], u["unit"]): u for u in old}
+                units.append({**d, "phase": s.phase, "tier": u.tier})
+    path = results / f"gpu_check_{dev}_measured.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    keyed = {(u["stage"], u["unit"]): u for u in data.get("units", [])}
     keyed.update({(u["stage"], u["unit"]): u for u in units})
-    meta = _meta(env, budget_s=PHASE_BUDGET_S, packages=env.get("packages"),
+    wins = {(w.get("started_utc"), w.get("window")): w for w in data.get("windows", [])}
+    wins.update({(w.get("started_utc"), w.get("window")): w for w in window_records(run_dir)})
+    meta = _meta(env, packages=env.get("packages"),
                  allocator_fraction=env.get("allocator_fraction"),
                  written_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
-    return _write_json(path, {"meta": meta, "units": list(keyed.values())})
+    meta["machine"] = {k: env.get(k) for k in (
+        "backend_platform_version", "topology_fingerprint", "cuda", "compute_capability",
+        "compression", "xla_flags", "allocator_bytes_limit")}  # fmt: skip
+    return _write_json(path, {"meta": meta, "units": list(keyed.values()),
+                              "windows": sorted(wins.values(), key=lambda w: w.get("started_utc") or "")})  # fmt: skip
 
 
-def collect_all(plan: Plan, run_dir: Path, results: Path, env: dict) -> list[Path]:
+def collect_all(plan: Plan, run_dir: Path, results: Path, env: dict, dev: str | None = None
+                ) -> list[Path]:  # fmt: skip
+    """Every stage's results files, the units and windows record and the page, for device
+    label ``dev`` (default the plan's)."""
     from linear_gpt2.experiments.gpu_check import page
 
+    dev = dev or plan.device
     results.mkdir(parents=True, exist_ok=True)
     written = []
     for s in plan.stages:
-        written += COLLECTORS[s.name](s, run_dir, results, plan.device, env)
-    written.append(units_record(plan, run_dir, results, env))
-    written.append(page.write(results, plan.device))
+        if s.name == "compile_ab":
+            written += compile_ab(s, run_dir, results, dev, env, plan)
+        else:
+            written += COLLECTORS[s.name](s, run_dir, results, dev, env)
+    written.append(units_record(plan, run_dir, results, env, dev))
+    written.append(page.write(results, dev))
     return written

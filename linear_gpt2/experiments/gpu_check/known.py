@@ -3,7 +3,9 @@
 Read from ``benchmarks/results/``: the step times and compile times measured on the lent H100
 (``step_time_h100_*.json``, ``memory_check_h100*.json``), the memory settings ``auto`` compiles
 before one fits (the compiled frontier, ``memory_frontier_h100_compiled.json``: its ``tried``),
-and the unit times an earlier ``make gpu-check`` recorded (``gpu_check_h100_measured.json``).
+the unit times an earlier ``make gpu-check`` recorded (``gpu_check_h100_measured.json``), and
+the steps compiled here for the next windows (``runs/gpu_check/compiled/h100/index.json``,
+:mod:`.compiled`): a unit whose steps are all there is priced as loading them.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ def _load(path: Path) -> dict[str, Any] | None:
 class Known:
     """Measured, compiled and recorded facts about ``device`` (``h100``) in ``results``."""
 
-    def __init__(self, results: Path, device: str = "h100"):
+    def __init__(self, results: Path, device: str = "h100", store: Path | None = None):
         self.results = Path(results)
         self.device = device
+        self.compiled = _compiled_settings(store)
         self.steps: dict[Key, dict[str, Any]] = {}
         self.compiles: dict[Key, tuple[float, str]] = {}
         self.frontier: dict[Key, dict[str, Any]] = {}
@@ -123,8 +126,29 @@ class Known:
         limit = self.frontier_limits.get(attention, {}).get(size)
         return limit is None or context <= limit
 
+    def all_compiled(self, settings) -> bool:
+        """Whether every (attention, size, context, chunk) of ``settings`` was compiled into
+        the store from this tree's program code (the GPU checks the real key; this prices the
+        plan)."""
+        return bool(settings) and all(tuple(s) in self.compiled for s in settings)
+
     def recorded_cost(self, stage: str, unit: str) -> Cost | None:
         hit = self.recorded.get((stage, unit))
         if hit is None:
             return None
         return Cost("recorded unit", 1, hit[0], f"recorded: {hit[1]}")
+
+
+def _compiled_settings(store: Path | None) -> set[tuple]:
+    """The settings the store holds for this tree's program code (``compiled.code_fingerprint``:
+    a commit that changes only results or docs keeps them)."""
+    if store is None:
+        return set()
+    index = _load(Path(store) / "index.json") or {}
+    if not index:
+        return set()
+    from linear_gpt2.experiments.gpu_check.compiled import code_fingerprint
+
+    code = code_fingerprint()
+    return {tuple(e["setting"]) for e in index.values()
+            if e.get("setting") and e.get("code") == code}  # fmt: skip

@@ -1,5 +1,5 @@
 """The page of a ``make gpu-check`` run: ``gpu_check_<device>_measured.md``, a generated block
-for each results file the run has written so far."""
+for each results file the run has written so far (in the order of the windows)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,24 @@ from linear_gpt2.experiments import reports
 
 # (raw file, renderer, heading), in the order of the stages.
 BLOCKS = (
-    ("gpu_check_{dev}_measured.json", "gpu_check.units", "Units: time against the estimate"),
-    ("gpu_tests_{dev}_measured.json", "gpu_check.tests", "GPU tests"),
-    ("kernels_{dev}_measured.json", "gpu_check.kernels", "Kernels"),
+    (
+        "gpu_check_{dev}_measured.json",
+        "gpu_check.units",
+        "Windows and units: time against the estimate",
+    ),
     ("step_time_{dev}_measured.json", "gpu_check.steps", "Training step"),
+    ("kernels_{dev}_measured.json", "gpu_check.kernels", "Kernels"),
+    (
+        "compile_ab_{dev}_measured.json",
+        "gpu_check.compile_ab",
+        "Steps compiled here against steps compiled on the GPU",
+    ),
+    ("gpu_tests_{dev}_measured.json", "gpu_check.tests", "GPU tests"),
+    (
+        "kernel_sweep_{dev}_measured.json",
+        "gpu_check.kernel_sweep",
+        "LT_attention_parallel's kernels",
+    ),
     ("profile_{dev}_measured.json", "gpu_check.profile", "Where the step's time goes"),
     ("sample_time_{dev}_measured.json", "gpu_check.sample", "Sampling"),
     ("memory_check_{dev}_measured.json", "memory_check.table", "Memory"),
@@ -36,6 +50,9 @@ def template(results: Path, dev: str) -> str:
 
 
 def write(results: Path, dev: str) -> Path:
+    """The page from its template every time: a window adds results files, and with them
+    blocks (``reports.page`` keeps a page's blocks as they are)."""
     path = results / f"gpu_check_{dev}_measured.md"
+    path.write_text(template(results, dev))
     reports.page(path, template(results, dev))
     return path

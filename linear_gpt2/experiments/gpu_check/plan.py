@@ -1,4 +1,5 @@
-"""What a GPU session will do and what it will cost: stages of units, each unit priced.
+"""What a GPU session will do and what it will cost: stages of units, each unit priced, and the
+windows they run in.
 
 A unit is one subprocess (a test file, one benchmark invocation, one training run): the smallest
 piece that is either done, with its output on disk, or not. A stage is a list of units with one
@@ -12,8 +13,12 @@ takes, with where that number comes from:
 - ``recorded: FILE``: the unit's own time in an earlier ``make gpu-check`` on the GPU;
 - ``assumption: NAME``: nothing measured yet; :data:`ASSUMPTIONS` states each one.
 
-The checks and timings (``checks``) and the learning cells (``learning``) each get at most
-:data:`PHASE_BUDGET_S` of GPU time; stages run in the order of their value.
+A lent GPU gives 15 minutes of device time in all, one command at most 10 minutes: the work is
+cut into **windows** (:func:`windows`), each one device command of at most
+:data:`WINDOW_LIMIT_S` seconds (or ``--time-limit``), its start (:data:`WINDOW_START`: the
+runner, the wheels installed, JAX's look at the device) and its units priced. Units go into
+windows in the order of their value (``Unit.tier``, then the plan's order), so the most
+important number comes first; tier 0 is the headline and opens window 1.
 """
 
 from __future__ import annotations
@@ -22,15 +27,23 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 CHECKS, LEARNING = "checks", "learning"
+# One device command may run 10 minutes; a window plans 9 of them, so that the runner's own start,
+# packing and the tool's transfers fit in the rest.
+WINDOW_LIMIT_S = 540.0
 PHASES = (CHECKS, LEARNING)
-# A lent GPU is held for about half an hour: the checks and timings in 25 minutes, the learning
-# cells a second pass of at most 25.
-PHASE_BUDGET_S = {CHECKS: 25 * 60.0, LEARNING: 25 * 60.0}
 
 # Work no GPU has timed yet, priced by assumption: (seconds, what is assumed). The dry run lists
 # the ones it used; a GPU run records the real unit times, which replace them next time.
 ASSUMPTIONS: dict[str, tuple[float, str]] = {
     "process": (10.0, "a Python process that imports JAX and starts CUDA on the GPU machine"),
+    "wheels": (10.0, "installing the carried wheels (.whl/, pure Python, no index) on the machine"),
+    "pack": (1.0, "merging a finished unit's outputs and packing the archive again"),
+    "tiny_unit": (20.0, "one unit of the CPU path on tiny shapes (--tiny; the tests)"),
+    "load_step": (
+        3.0,
+        "a step compiled here, loaded on the GPU: lowering it again for its key, reading "
+        "and loading the executable",
+    ),
     "pytest": (20.0, "pytest's start on one test file: imports, collection, CUDA"),
     "gpu_test": (
         4.0,
@@ -115,12 +128,16 @@ def assumed(name: str, what: str, count: float = 1, scale: float = 1.0) -> Cost:
 @dataclasses.dataclass(frozen=True)
 class Unit:
     """One subprocess: ``argv`` is a script path relative to the repository (or ``-m module``)
-    and its arguments; ``{out}`` in them is replaced by the unit's folder."""
+    and its arguments; ``{out}`` in them is replaced by the unit's folder. ``tier``: its
+    value, 0 first (windows follow it); ``compiles``: the training steps it compiles, as
+    (attention, size, context, chunk_size or None), for ``--compile-here``."""
 
     name: str
     argv: tuple[str, ...]
     costs: tuple[Cost, ...]
     work: str = ""  # what it does, in words, for the dry run
+    tier: int = 99
+    compiles: tuple[tuple[str, str, int, int | None], ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -212,48 +229,137 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def dry_run_text(plan: Plan, done: dict[tuple[str, str], float] | None = None) -> str:
-    """The dry run: every stage, its units and work, its estimated GPU time and how much of it
-    rests on assumptions; the total per phase against its budget; the assumptions used."""
-    done = done or {}
-    lines = [f"make gpu-check on {plan.device}: {len(plan.stages)} stages (dry run: nothing runs)"]
-    used: set[str] = set()
-    for phase in PHASES:
-        stages = [s for s in plan.stages if s.phase == phase]
-        if not stages:
-            continue
-        total = sum(s.seconds for s in stages)
-        left = sum(
-            u.seconds * s.factor for s in stages for u in s.units if (s.name, u.name) not in done
+# ------------------------------------------------------------------------------------- windows
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One device command: ``items`` (stage, unit) in the order they run, after ``start``."""
+
+    number: int
+    items: tuple[tuple[Stage, Unit], ...]
+    start: tuple[Cost, ...]
+    limit_s: float
+
+    @property
+    def start_s(self) -> float:
+        return sum(c.seconds for c in self.start)
+
+    @property
+    def seconds(self) -> float:
+        return self.start_s + sum(_wall(s, u) for s, u in self.items)
+
+    def keys(self) -> list[tuple[str, str]]:
+        return [(s.name, u.name) for s, u in self.items]
+
+    def segments(self) -> list[tuple[Stage, list[Unit]]]:
+        """Consecutive units of one stage together (a stage's side-by-side runs need them)."""
+        out: list[tuple[Stage, list[Unit]]] = []
+        for s, u in self.items:
+            if out and out[-1][0].name == s.name:
+                out[-1][1].append(u)
+            else:
+                out.append((s, [u]))
+        return out
+
+
+def window_start() -> tuple[Cost, ...]:
+    """What every window spends before its first unit: the wheels installed on a fresh
+    machine and JAX's look at the device (one process)."""
+    return (assumed("wheels", "wheel installs"), assumed("process", "device probes"))
+
+
+def _wall(stage: Stage, unit: Unit) -> float:
+    """A unit's share of a window: its time (side by side: its share of the group's), and the
+    packing after it."""
+    return unit.seconds * stage.factor + ASSUMPTIONS["pack"][0]
+
+
+def windows(plan: Plan, limit_s: float = WINDOW_LIMIT_S) -> list[Window]:
+    """The plan's units in windows of at most ``limit_s`` seconds each, start included, in the
+    order of value: by tier, then as the plan lists them. A window is filled in that order and
+    closed at the first unit that does not fit (no later, smaller unit jumps the queue); a unit
+    that fits no window alone gets one of its own (the dry run marks it OVER)."""
+    order = [(s, u) for s in plan.stages for u in s.units]
+    order = [x for _, x in sorted(enumerate(order), key=lambda iu: (iu[1][1].tier, iu[0]))]
+    start = window_start()
+    start_s = sum(c.seconds for c in start)
+    out: list[Window] = []
+    current: list[tuple[Stage, Unit]] = []
+    used = start_s
+    for s, u in order:
+        w = _wall(s, u)
+        if current and used + w > limit_s:
+            out.append(Window(len(out) + 1, tuple(current), start, limit_s))
+            current, used = [], start_s
+        current.append((s, u))
+        used += w
+    if current:
+        out.append(Window(len(out) + 1, tuple(current), start, limit_s))
+    return out
+
+
+def next_window(wins: Sequence[Window], done: dict[tuple[str, str], object]) -> Window | None:
+    """The first window with a unit not done (a failed unit counts as done: not run again)."""
+    for w in wins:
+        if any(k not in done for k in w.keys()):
+            return w
+    return None
+
+
+def dry_run_text(
+    plan: Plan,
+    wins: Sequence[Window],
+    done: dict[tuple[str, str], object] | None = None,
+    last: dict | None = None,
+    loaded: set[tuple[str, str]] | None = None,
+) -> str:
+    """The dry run: every window, its units and their estimates, what rests on assumptions;
+    the last window a GPU ran, its estimate beside what it took (``last``, from the record);
+    the units whose steps are compiled here (``loaded``)."""
+    done, loaded = done or {}, loaded or set()
+    total = sum(w.seconds for w in wins)
+    limit = wins[0].limit_s if wins else WINDOW_LIMIT_S
+    lines = [
+        f"make gpu-check on {plan.device}: {len(wins)} windows of at most {limit:.0f} s each "
+        f"({minutes(total)} in all; one device command each; dry run: nothing runs)"
+    ]
+    if last:
+        lines.append(
+            f"last window run: {last.get('window')} on {last.get('device_kind')}, estimated "
+            f"{last.get('estimate_s', 0):.0f} s, took {last.get('seconds', 0):.0f} s "
+            f"({last.get('units_done', '?')} of {last.get('units', '?')} units done)"
         )
-        budget = PHASE_BUDGET_S[phase]
-        lines += ["", f"{phase}: estimated {minutes(total)} of GPU time (budget "
-                  f"{minutes(budget)}; {'within' if total <= budget else 'OVER'} it)"
-                  + (f", {minutes(left)} still to run" if done else "")]  # fmt: skip
-        for i, s in enumerate(stages, 1):
-            work = ", ".join(f"{_count(n)} {what}" for what, n in s.work().items())
-            share = s.assumed_seconds / s.seconds if s.seconds else 0.0
-            n_done = sum((s.name, u.name) in done for u in s.units)
-            lines.append(
-                f"  {i}. {s.name:<8} {minutes(s.seconds):>9}  {len(s.units)} units"
-                + (f" ({n_done} done)" if n_done else "")
-                + (f", {s.concurrent} side by side" if s.concurrent > 1 else "")
-                + f"; {share:.0%} of it assumed  -- {s.title}"
-            )
-            lines.append(f"       work: {work}")
-            for u in s.units:
-                lines.append(f"       - {u.name:<28} {u.seconds:7.0f} s  {u.work}")
-            for b in s.bases():
-                lines.append(f"       priced from {b}")
-                if b.startswith("assumption: "):
-                    used.add(b.removeprefix("assumption: ").split()[0])
+    nxt = next_window(wins, done) if done else (wins[0] if wins else None)
+    used: set[str] = set()
+    for w in wins:
+        n_done = sum(k in done for k in w.keys())
+        flag = "" if w.seconds <= w.limit_s else "  OVER the limit"
+        mark = "  <- next" if nxt is not None and w.number == nxt.number else ""
+        lines += ["", f"window {w.number}: estimated {w.seconds:.0f} s of {w.limit_s:.0f}"
+                  f"{flag} ({len(w.items)} units{f', {n_done} done' if n_done else ''}){mark}",
+                  f"  start {w.start_s:5.0f} s  the wheels installed, the device probed"]  # fmt: skip
+        for b in w.start:
+            used.add(b.basis.removeprefix("assumption: "))
+        for s, u in w.items:
+            tags = [t for t, on in (("done", (s.name, u.name) in done),
+                                    ("compiled here", (s.name, u.name) in loaded)) if on]  # fmt: skip
+            side = f", {s.concurrent} side by side" if s.concurrent > 1 else ""
+            name = f"{s.name}/{u.name}"
+            lines.append(f"  {name:<38} {_wall(s, u):6.0f} s  tier {u.tier}{side}: {u.work}"
+                         + (f" [{', '.join(tags)}]" if tags else ""))  # fmt: skip
+            for c in u.costs:
+                if c.assumed:
+                    used.add(c.basis.removeprefix("assumption: ").split()[0])
+            if s.concurrent > 1:
+                used.add("side_by_side")
+    bases = sorted({c.basis for s in plan.stages for u in s.units for c in u.costs
+                    if not c.assumed})  # fmt: skip
+    if bases:
+        lines += ["", "priced from:"] + [f"  {b}" for b in bases]
     if used:
         lines += ["", "assumptions (no GPU has timed these yet; a GPU run records the real times):"]
         for name in sorted(used):
             seconds, text = ASSUMPTIONS[name]
             lines.append(f"  {name} = {seconds:g}: {text}")
     return "\n".join(lines)
-
-
-def _count(n: float) -> str:
-    return f"{n:,.0f}" if n >= 1 or n == 0 else f"{n:.2f}"

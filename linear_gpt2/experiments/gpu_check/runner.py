@@ -7,10 +7,16 @@ again; ``--retry-failed`` runs failed units again). So a run that stopped, at a 
 crash or the machine going back, resumes where it stopped when the same command runs again
 over the same folder (on a fresh machine: carry the folder).
 
-``time_limit`` bounds one invocation: a unit is not started when its estimate would end past
-the limit, and one that runs past it is stopped and left undone. Units of a stage with
-``concurrent > 1`` (the small learning runs, which leave the GPU mostly idle) run side by side,
-each with its share of the GPU's memory.
+``time_limit`` bounds one invocation (one window: ``plan.windows``), counted from ``start``
+(the process's own start: the wheels and the probe count): a unit is not started when its
+estimate would end past the limit, and one that runs past it is stopped and left undone. Units
+of a stage with ``concurrent > 1`` (the small learning runs, which leave the GPU mostly idle)
+run side by side, each with its share of the GPU's memory. ``report`` hears of every unit as
+it ends: the caller merges and packs there, so a window cut short keeps what it measured.
+
+Step units run under the store of steps compiled here (``compiled.py``): the units' environment
+names the store and the target, and each unit's look-ups are logged in its folder
+(``compiled.jsonl``).
 """
 
 from __future__ import annotations
@@ -73,16 +79,26 @@ def command(unit: Unit, run_dir: Path, stage: str) -> list[str]:
     return [sys.executable, str(REPO / args[0]), *args[1:]]
 
 
-def child_env(run_dir: Path, share: float | None = None) -> dict[str, str]:
+def child_env(
+    run_dir: Path, share: float | None = None, unit_out: Path | None = None,
+    store: Path | None = None, target: str = "h100",
+) -> dict[str, str]:  # fmt: skip
     """The units' environment: one JAX compilation cache for the whole run (a program an
-    earlier unit compiled, the profile's and the memory check's steps, loads in seconds), and
-    the repository on the path."""
+    earlier unit compiled, the profile's and the memory check's steps, loads in seconds), the
+    repository on the path, and the store of steps compiled here with its target."""
+    from linear_gpt2.experiments.gpu_check import compiled
+
     env = dict(os.environ)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str(run_dir / "jax_cache"))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if share is not None:
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.2f}"
+    if store is not None:
+        env[compiled.STORE_ENV] = str(store)
+        env[compiled.TARGET_ENV] = target
+    if unit_out is not None:
+        env[compiled.LOG_ENV] = str(unit_out / "compiled.jsonl")
     return env
 
 
@@ -98,14 +114,18 @@ class Runner:
         retry_failed: bool = False,
         report: Callable[[Outcome], None] | None = None,
         progress=None,
+        start: float | None = None,
+        store: Path | None = None,
+        target: str = "h100",
     ):
         self.plan, self.run_dir = plan, Path(run_dir)
         self.time_limit = time_limit
         self.retry_failed = retry_failed
         self.report = report or (lambda o: None)
         self.progress = progress
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start
         self.stopped = False
+        self.store, self.target = store, target
 
     def left(self) -> float | None:
         return (
@@ -120,16 +140,21 @@ class Runner:
                 out.append(u)
         return out
 
-    def run(self) -> list[Outcome]:
+    def run(self, segments: list[tuple[Stage, list[Unit]]] | None = None) -> list[Outcome]:
+        """Every stage of the plan, or ``segments`` (a window's: ``Window.segments()``)."""
+        if segments is None:
+            segments = [(s, list(s.units)) for s in self.plan.stages]
         outcomes: list[Outcome] = []
-        for stage in self.plan.stages:
+        for stage, units in segments:
             if self.stopped:
-                break
-            todo = self.todo(stage)
+                outcomes += [Outcome(stage.name, u.name, "skipped", 0.0, u.seconds)
+                             for u in self.todo(stage) if u in units]  # fmt: skip
+                continue
+            todo = [u for u in self.todo(stage) if u in units]
             task = None
             if self.progress is not None:
                 task = self.progress.add_task(
-                    stage.name, total=len(stage.units), completed=len(stage.units) - len(todo)
+                    stage.name, total=len(units), completed=len(units) - len(todo)
                 )
             outcomes += self._stage(stage, todo, task)
         return outcomes
@@ -179,9 +204,9 @@ class Runner:
         cmd = command(unit, self.run_dir, stage.name)
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
+        env = child_env(self.run_dir, share, out, self.store, self.target)
         proc = subprocess.Popen(
-            cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            env=child_env(self.run_dir, share), start_new_session=True,
+            cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
         return proc, time.monotonic(), log
 

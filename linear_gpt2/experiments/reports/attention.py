@@ -61,24 +61,25 @@ def memory_page(raw: Raw) -> str:
 
 
 @renderer("attention_memory.state_parallel")
-def state_parallel(raw: Raw) -> str:
-    """``LT_state_parallel``'s memory against T D^2, its growth with T, and the other scans."""
+def state_parallel(raw: Raw, *, attention: str = "LT_state_parallel") -> str:
+    """The memory of ``attention`` (a variant that holds every state) against T D^2, its growth
+    with T, and its rows with other options (``<attention> (<option>)``)."""
     s = raw.data["meta"]["settings"]
     T0, T1 = (str(t) for t in s["T"][:2])
     B, H, D = s["B"], s["H"], s["D"]
     td2 = B * int(T0) * H * D * D * 4
     rows = {r["attention"]: r for r in raw.data["rows"]}
-    sp = rows["LT_state_parallel"]["temp_bytes"]
+    sp = rows[attention]["temp_bytes"]
     lines = [
-        f"`LT_state_parallel` holds {sp[T0]['forward'] / td2:.1f} x the T D^2 floats of all heads "
+        f"`{attention}` holds {sp[T0]['forward'] / td2:.1f} x the T D^2 floats of all heads "
         f"at T={T0} ({sp[T0]['forward'] / MiB:.1f} MiB), forward and forward+backward alike, and "
         f"grows {sp[T1]['forward'] / sp[T0]['forward']:.2f}x from T={T0} to T={T1}."
     ]
     for name, r in rows.items():
-        if name.startswith("LT_state_parallel ("):
+        if name.startswith(f"{attention} ("):
             t = r["temp_bytes"][T0]
             lines.append(
-                f"With {name[len('LT_state_parallel ') :].strip('()')}: "
+                f"With {name[len(attention) + 1 :].strip('()')}: "
                 f"{t['forward'] / MiB:.0f} MiB forward and {t['forward_backward'] / MiB:.0f} MiB "
                 f"forward+backward at T={T0}."
             )
@@ -114,4 +115,29 @@ def accuracy_table(raw: Raw) -> str:
 def accuracy_page(raw: Raw) -> str:
     return "# Accuracy of the linear formulations against a float64 reference\n\n" + (
         accuracy_table(raw)
+    )
+
+
+@renderer("attention.options")
+def options_table() -> str:
+    """Each built-in variant's own options, from its options class (no raw file: the code is
+    the source; ``scripts/train.py --help`` prints the same). Imports the variants, so JAX."""
+    from linear_gpt2.attention import registry, schema
+
+    def cell(r: dict[str, Any]) -> str:
+        values = ", ".join(f"`{c}`" for c in r["choices"]) if r["choices"] else r["type"]
+        return f"`{r['option']}`{'*' if r['implementation'] else ''} = `{r['default']}` ({values})"
+
+    rows = []
+    for name in registry.BUILTIN:
+        own = [r for r in schema.describe(name) if not r["layer"]]
+        rows.append((f"`{name}`", "; ".join(cell(r) for r in own) or "none"))
+    layer = "; ".join(cell(r) for r in schema.describe("softmax") if r["layer"])
+    return (
+        table(
+            ["name", "its options (`*`: only selects the implementation; a resume may change it)"],
+            rows,
+        )  # fmt: skip
+        + f"\n\nEvery variant also has the layer's options {layer}: refused at config load by a "
+        "variant whose spec takes no document resets (decay gates)."
     )

@@ -12,7 +12,8 @@ options passed to the renderer as strings. A renderer is a function registered w
 markers are HTML comments, so the rendered page shows only the text between them. Text outside
 the blocks is written by hand and is left as it is.
 
-Nothing here imports JAX: rendering every report takes a fraction of a second.
+Nothing here imports JAX: rendering every report takes a fraction of a second, but for the
+option table of docs/attention.md, which asks the variants' specs (``attention.options``).
 """
 
 from __future__ import annotations

@@ -31,10 +31,53 @@ def units(raw: Raw) -> str:
                      f"{sum(u['estimate_s'] for u in us) / 60:.1f}",
                      f"{sum(u['seconds'] for u in us) / 60:.1f}"])  # fmt: skip
     failed = [f"`{u['stage']}/{u['unit']}`" for u in rows if u["status"] != "ok"]
+    wins = [[str(w.get("window")), w.get("device_kind") or "", f"{w.get('estimate_s', 0):.0f}",
+             f"{w.get('seconds', 0):.0f}", f"{w.get('units_done', 0)} of {w.get('units', 0)}",
+             (w.get("started_utc") or "")[:16]] for w in raw.data.get("windows", [])]  # fmt: skip
     return "\n".join([
         _about(raw.data), "",
+        *([table(["window", "device", "estimated s", "took s", "units done", "started (UTC)"],
+                 wins, "llrrrl"), ""] if wins else []),
         table(["stage", "phase", "units ok", "estimated min", "took min"], body, "llrrr"),
         *([""] + [f"Failed: {', '.join(failed)} (their logs are in the run folder)."] if failed else []),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.compile_ab")
+def compile_ab(raw: Raw) -> str:
+    """The same settings timed from steps compiled here (deviceless, loaded) and compiled on
+    the GPU, in one session: their ratio."""
+    body = [[r["size"], f"`{r['attention']}`", context_label(r["context"]),
+             str(r.get("chunk_size") or ""), _ms(r["loaded_ms"]), _ms(r["compiled_there_ms"]),
+             f"{r['ratio']:.3f}"] for r in raw.data["rows"]]  # fmt: skip
+    loaded = {(r["loaded"], r["looked_up"]) for r in raw.data["rows"]}
+    note = ", ".join(f"{a} of {b} steps loaded" for a, b in sorted(loaded))
+    return "\n".join([
+        _about(raw.data) + f" Step unit: {note}.", "",
+        table(["size", "attention", "context", "chunk", "loaded median ms",
+               "compiled-there median ms", "loaded / there"], body, "lllrrrr"),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.kernel_sweep")
+def kernel_sweep(raw: Raw) -> str:
+    rows = raw.data["rows"]
+    keys = list(dict.fromkeys((r["name"], r["kernel"]) for r in rows))
+    Ts = sorted({r["T"] for r in rows})
+    body = []
+    for name, kernel in keys:
+        for mode in ("fwd", "fwd+bwd"):
+            cells = []
+            for T in Ts:
+                r = next((x for x in rows if (x["name"], x["kernel"], x["T"], x["mode"])
+                          == (name, kernel, T, mode)), None)  # fmt: skip
+                cells.append("" if r is None else f"{r['seconds'] * 1e3:.3g}"
+                             if r.get("seconds") else str(r.get("status", "")))  # fmt: skip
+            body.append([f"`{name}`", kernel, mode, *cells])
+    return "\n".join([
+        _about(raw.data) + " Median ms:", "",
+        table(["name", "kernel", "mode", *(context_label(t) for t in Ts)], body,
+              "lll" + "r" * len(Ts)),
     ])  # fmt: skip
 
 
@@ -185,3 +228,35 @@ def context(raw: Raw) -> str:
                "rising from update"], body, "lrrrrrr"),
         *([""] + gaps if gaps else []),
     ])  # fmt: skip
+
+
+@renderer("gpu_check.compile_here")
+def compile_here(raw: Raw) -> str:
+    """``make gpu-compile``'s record: the window's steps compiled here for the GPU target, the
+    bundle a device command carries, and JAX's cache-key fields here beside the GPU's."""
+    d, s = raw.data, raw.data["meta"]["settings"]
+    mib = 2**20
+    entries = d["entries"]
+    store = sum(e.get("bytes", 0) for e in entries)
+    bundle = d["bundle"]
+    total = sum(bundle.values())
+    out = [
+        f"For window {s['window']}, the store holds {len(entries)} training steps compiled for "
+        f"`{s['target']}` (deviceless) at commit "
+        f"{short(raw.data['meta']['environment'].get('git_commit'))}: {store / mib:.2f} MiB "
+        "(lzma). Carried by the device command: "
+        + ", ".join(f"{k} {v / mib:.1f} MiB" for k, v in bundle.items())
+        + f"; {total / mib:.1f} MiB of the {s['carry_limit_bytes'] / mib:.0f} MiB limit.",
+    ]
+    if d.get("key_fields"):
+        state = {True: "same", False: "differs", None: "not recorded"}
+
+        def cell(v) -> str:
+            return "" if v is None else f"`{str(v)[:48]}`".replace("\n", " ") if v else "(none)"
+
+        body = [[r["field"], cell(r["here"]), cell(r["gpu"]), state[r["match"]]]
+                for r in d["key_fields"]]  # fmt: skip
+        out += ["", f"JAX's persistent-cache key of a deviceless compile against the GPU's "
+                f"(`{s['key_source']}`):", "",
+                table(["field", "here (deviceless)", "last GPU run", ""], body, "llll")]  # fmt: skip
+    return "\n".join(out)

@@ -105,11 +105,11 @@ def context_reading(csv: Raw, post: Raw, *, size: str = "124M") -> str:
     between seeds where a cell has two."""
     rows = _rows(csv)
     plain = _gaps(rows, "LT_chunked")
-    loss = post.data["final_train_loss"][size]
+    by_family = post.data["final_train_loss"][size]  # the post's losses by family
     theirs = sorted(
-        (int(c), loss["linear"][c] - loss["softmax"][c])
-        for c in loss["softmax"]
-        if c in loss["linear"]
+        (int(c), by_family["linear"][c] - by_family["softmax"][c])
+        for c in by_family["softmax"]
+        if c in by_family["linear"]
     )
     lines = [
         "- Plain `LT_chunked`'s gap to `flash`: "

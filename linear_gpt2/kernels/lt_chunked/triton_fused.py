@@ -33,6 +33,32 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     _IMPORT_ERROR = e
 
 
+def _triton_mismatch() -> str | None:
+    """Why the installed jax-triton cannot drive the installed Triton, or None.
+
+    jax-triton imports with a stubbed NVIDIA backend when Triton is older than it needs and
+    fails only at lowering with an AttributeError; its own requirement says why up front.
+    """
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    try:
+        have = metadata.version("triton")
+        jt_version = metadata.version("jax-triton")
+        needs = [Requirement(r) for r in metadata.requires("jax-triton") or []]
+    except metadata.PackageNotFoundError:
+        return None
+    for req in needs:
+        if req.name == "triton" and req.marker is None and have not in req.specifier:
+            return (
+                f"kernel=triton: jax-triton {jt_version} needs triton{req.specifier} but triton "
+                f"{have} is installed; pin the jax-triton release made for triton {have} "
+                f"(see pyproject's `triton` extra) or use kernel=pallas|xla"
+            )
+    return None
+
+
 def unavailable_reason() -> str | None:
     """Why ``kernel=triton`` cannot run here, or None if it can."""
     if _IMPORT_ERROR is not None:
@@ -40,6 +66,8 @@ def unavailable_reason() -> str | None:
             f"kernel=triton needs jax-triton and triton ({_IMPORT_ERROR}); install them with "
             f"`pip install .[triton]` on a machine with a CUDA GPU, or use kernel=pallas|xla"
         )
+    if (mismatch := _triton_mismatch()) is not None:
+        return mismatch
     if not device.gpu_present():
         return (
             f"kernel=triton needs a CUDA GPU (Triton kernels cannot run on the "
@@ -179,7 +207,7 @@ _fused = kernels.fused_linear_attention(_forward, _backward, "LT_chunked kernel=
 
 def chunked_attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float):
     """Normalised causal linear attention by chunks of ``c`` (Triton). Same contract as
-    :func:`linear_gpt2.kernels.lt_chunked.chunked_attention`; GPU and jax-triton only.
+    :func:`linear_gpt2.kernels.lt_chunked.ops.chunked_attention`; GPU and jax-triton only.
     The kernels compute offsets from the contiguous ``[B, T, H, Dp]`` layout."""
     check_available()
     return _fused(fq, fk, v, c, eps)

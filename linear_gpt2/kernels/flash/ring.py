@@ -275,7 +275,7 @@ def _cudnn_args(q, causal):
 
 
 def cudnn_fwd(q, k, v, seg_q, seg_k, causal):
-    assert seg_q is None, "cuDNN blocks take no document resets (checked in flash.make)"
+    assert seg_q is None, "cuDNN blocks take no document resets (checked by ops.context_block)"
     fa, unused, params = _cudnn_args(q, causal)
     fa.check_is_flash_attention(
         q, k, v, params["layout"], fa.check_cudnn_version(), False, True, False
@@ -511,7 +511,7 @@ def zigzag_ring_attention(block: Block, n: int):
 
 
 def ring_local(block: Block, n: int, ring: str = "zigzag"):
-    """The per-slice function :func:`linear_gpt2.attention.context.over_sequence` runs: the
+    """The per-slice function ``linear_gpt2.attention.context.over_sequence`` runs: the
     balanced ring (``zigzag``: each slice's q, k, v, segment ids moved to the balanced layout
     and the output moved back, :func:`to_zigzag`) or the ``contiguous`` one."""
     check_ring(ring)
