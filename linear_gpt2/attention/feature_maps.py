@@ -11,15 +11,15 @@ the state S = sum_j phi(k_j) v_j^T is ``[d', D]`` per head.
 
 - Elementwise (d' = d; features >= 0): ``softplus`` (the post's), ``elu1`` (Katharopoulos et
   al.), ``relu``, ``exp``.
-- ``taylor2``: Based's 2nd-order Taylor map (Arora et al. 2024; Zoology's
-  ``mixers/based.py``, ``TaylorExp.forward_mem_save``): features 1, x / d^(1/4), and the
+- ``taylor2``: Based's 2nd-order Taylor map (Arora et al. 2024; HazyResearch/zoology's Based
+  mixer, ``TaylorExp.forward_mem_save``): features 1, x / d^(1/4), and the
   products x_a x_b for a <= b, scaled 1/sqrt(2 d) on the diagonal and 1/sqrt(d) off it, so that
   phi(q) . phi(k) = 1 + s + s^2 / 2 with s = q . k / sqrt(d): the Taylor polynomial of e^s.
   d' = 1 + d + d (d + 1) / 2 (153 at d = 16).
 - ``power2``: the symmetric power of degree 2 (Buckman et al.'s power attention at p = 2): the
   d (d + 1) / 2 unique products x_a x_b, a <= b, scaled 1 on the diagonal and sqrt(2) off it,
   so that phi(q) . phi(k) = (q . k)^2 exactly (2,080 features at d = 64).
-- ``rebased``: ReBased's kernel (Aksenov et al. 2024; corl-team/rebased ``mixers/rebased.py``
+- ``rebased``: ReBased's kernel (Aksenov et al. 2024; corl-team/rebased's ReBased mixer
   with flash-linear-attention's ``parallel_rebased``): phi(q) . phi(k) = (q' . k')^2 / d on the
   inputs the *layer* has normalised and shifted, q' = gamma * LayerNorm(q) + beta with learned
   gamma, beta (``layer_norm`` below: the parameters belong to the attention layer, as the decay
