@@ -42,38 +42,80 @@ from mqar_reference import layer_norm  # noqa: E402
 from linear_gpt2.training.data.mqar import example  # noqa: E402
 
 
-def reference_params(params: dict) -> dict:
-    """The library's GPT parameters (layers stacked on axis 0) in the reference's layout."""
+def reference_params(params: dict, model_cfg=None) -> dict:
+    """The library's GPT parameters (layers stacked on axis 0) in the reference's layout. With
+    ``model_cfg`` a linear run of Based's recipe is read too (issue 39): one head, its short
+    convolution (``conv{i}``), q and k of ``feature_dim`` and the feature map's kernel."""
     h = params["h"]
-    if "bias" in h["attn"]["c_attn"] or "mlp" in h or "ln_2" in h or "conv" in h:
+    linear = model_cfg is not None and model_cfg.spec.family == "linear"
+    conv = "conv" in h["attn"]  # the short convolution lives in the attention layer
+    if "bias" in h["attn"]["c_attn"] or "mlp" in h or "ln_2" in h or (conv and not linear):
         raise ValueError(
             "the probe reads attention-only models without biases, ln_2 or short convolution "
-            "(configs/mqar/base.yaml); this run has more: probe a run of that config"
+            "(configs/mqar/base.yaml), or a linear run of Based's recipe "
+            "(configs/sweeps/mqar_rebased_based.yaml); this run has more"
         )
     p = {
         "wte": np.asarray(params["wte"]["embedding"]),
         "wpe": np.asarray(params["wpe"]["embedding"]),
         "lnf": np.asarray(params["ln_f"]["scale"]),
     }
+    if linear:
+        if model_cfg.n_head != 1 or model_cfg.decay != "none" or model_cfg.qk_layer_norm:
+            raise ValueError("the probe reads one-head linear runs without gates or ln_q, ln_k")
+        p["kernel"], p["eps"] = model_cfg.feature_map, model_cfg.eps
+        p["qk_dim"] = model_cfg.qk_dim
     for i in range(h["ln_1"]["scale"].shape[0]):
         p[f"ln{i}"] = np.asarray(h["ln_1"]["scale"][i])
         p[f"qkv{i}"] = np.asarray(h["attn"]["c_attn"]["kernel"][i])
         p[f"o{i}"] = np.asarray(h["attn"]["c_proj"]["kernel"][i])
+        if conv:
+            c = h["attn"]["conv"]
+            p[f"conv{i}"] = (np.asarray(c["kernel"][i]), np.asarray(c["bias"][i]))
     return p
+
+
+def _conv(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The short causal convolution (``model.layers.ShortConv``): b + sum_i w_i x_{t-i}."""
+    y = b + w[0] * x
+    for i in range(1, len(w)):
+        y[i:] = y[i:] + w[i] * x[:-i]
+    return y
+
+
+def _kernel(name: str, s: np.ndarray, d: int) -> np.ndarray:
+    """phi(q) . phi(k) of the feature map ``name`` from s = q . k (``feature_maps``)."""
+    if name == "taylor2":
+        return 1.0 + s / np.sqrt(d) + s * s / (2.0 * d)
+    if name == "power2":
+        return s * s
+    raise ValueError(f"the probe knows softmax and the taylor2 / power2 kernels, not {name!r}")
 
 
 def attention(p: dict, tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
     """tokens int ``[T]`` -> (attention weights ``[T, T]`` per layer, their logits ``[T, T]``
-    (masked entries -inf), output logits ``[T, vocab]``)."""
+    (masked entries -inf; for a linear run the log of the kernel), output logits
+    ``[T, vocab]``)."""
     T = len(tokens)
     x = p["wte"][tokens].astype(np.float64) + p["wpe"][:T]
     causal = np.tril(np.ones((T, T), bool))
     maps, scores, layer = [], [], 0
     while f"qkv{layer}" in p:
-        q, k, v = np.split(np.asarray(layer_norm(x, p[f"ln{layer}"])) @ p[f"qkv{layer}"], 3, -1)
-        s = np.where(causal, q @ k.T / np.sqrt(q.shape[-1]), -np.inf)
-        a = np.exp(s - s.max(-1, keepdims=True))
-        a /= a.sum(-1, keepdims=True)
+        h = np.asarray(layer_norm(x, p[f"ln{layer}"]))
+        if f"conv{layer}" in p:
+            h = _conv(h, *p[f"conv{layer}"])
+        if "kernel" in p:  # linear: the kernel of q . k, normalised by its sum
+            dk = p["qk_dim"]
+            qkv = h @ p[f"qkv{layer}"]
+            q, k, v = qkv[:, :dk], qkv[:, dk : 2 * dk], qkv[:, 2 * dk :]
+            K = np.where(causal, _kernel(p["kernel"], q @ k.T, dk), 0.0)
+            a = K / (K.sum(-1, keepdims=True) + p["eps"])
+            s = np.where(causal, np.log(np.maximum(K, 1e-30)), -np.inf)
+        else:
+            q, k, v = np.split(h @ p[f"qkv{layer}"], 3, -1)
+            s = np.where(causal, q @ k.T / np.sqrt(q.shape[-1]), -np.inf)
+            a = np.exp(s - s.max(-1, keepdims=True))
+            a /= a.sum(-1, keepdims=True)
         maps.append(a)
         scores.append(s)
         x = x + a @ v @ p[f"o{layer}"]
@@ -149,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for run in a.runs:
         params, model_cfg, cfg, step = trained.load(run)
-        if cfg.data.source != "mqar" or model_cfg.attention not in ("softmax", "flash"):
+        if cfg.data.source != "mqar" or model_cfg.spec.family not in ("softmax", "linear"):
             print(
-                f"error: {run} is not a softmax MQAR run; probe a run of configs/mqar/base.yaml",
+                f"error: {run} is not an MQAR run of softmax or linear attention; probe a run "
+                "of configs/mqar/base.yaml",
                 file=sys.stderr,
             )
             return 2
@@ -160,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.zero_fill:
             fill["random_non_queries"] = False
         stats = probe(
-            reference_params(params),
+            reference_params(params, model_cfg),
             cfg.data.context,
             m.num_kv_pairs,
             a.examples,

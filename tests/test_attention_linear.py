@@ -220,7 +220,10 @@ def test_unimplemented_kernel_is_a_clear_error(name):
 
 
 def test_unknown_feature_map_and_scan():
-    with pytest.raises(ValueError, match="feature_map: 'tanh' .*: softplus, elu1, relu, exp"):
+    with pytest.raises(
+        ValueError,
+        match="feature_map: 'tanh' .*: softplus, elu1, relu, exp, taylor2, power2, rebased",
+    ):
         attention.get("LT_state", feature_map="tanh")
     with pytest.raises(ValueError, match="scan: 'blelloch' .*: cumsum, associative"):
         attention.get("LT_state_parallel", scan="blelloch")
@@ -228,12 +231,12 @@ def test_unknown_feature_map_and_scan():
 
 def test_options_declared():
     expected = {
-        "LT_attention": {"feature_map", "kernel", "eps"},
-        "LT_attention_parallel_no_flash": {"feature_map", "kernel", "eps"},
-        "LT_attention_parallel": {"feature_map", "chunk_size", "kernel", "eps"},
-        "LT_state": {"feature_map", "kernel", "eps"},
-        "LT_state_parallel": {"feature_map", "kernel", "scan", "eps"},
-        "LT_chunked": {"feature_map", "chunk_size", "kernel", "eps"},
+        "LT_attention": {"feature_map", "feature_dim", "kernel", "eps"},
+        "LT_attention_parallel_no_flash": {"feature_map", "feature_dim", "kernel", "eps"},
+        "LT_attention_parallel": {"feature_map", "feature_dim", "chunk_size", "kernel", "eps"},
+        "LT_state": {"feature_map", "feature_dim", "kernel", "eps"},
+        "LT_state_parallel": {"feature_map", "feature_dim", "kernel", "scan", "eps"},
+        "LT_chunked": {"feature_map", "feature_dim", "chunk_size", "kernel", "eps"},
     }
     layer = {"doc_reset", "decay"}  # every variant's (the model's layer reads them)
     for name, opts in expected.items():

@@ -371,6 +371,15 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     assert mqar.recipe({"data.mqar.train_examples": 200000}) == "200000 train examples"
     zoo = {"model.identity_state_mixer": True, "model.bias": True}
     assert mqar.recipe(zoo) == "biases True, x + ln_2(x) blocks"
+    # Based's recipe at Zoology's cells (issue 39): the projection in the name, the short
+    # convolution a departure there, the state as Zoology counts it (153 features x 64 + 153).
+    based = {"attention.name": "LT_chunked", "attention.feature_map": "taylor2",
+             "attention.feature_dim": 16, "model.short_conv": 3, "model.n_embd": 64,
+             "model.n_head": 1, "data.context": 64, "log.wandb_group": "mqar-zoology"}  # fmt: skip
+    assert mqar.variant(based) == "LT_chunked/taylor2(16)" and mqar.recipe(based) == "short conv 3"
+    assert mqar.recipe({**based, "log.wandb_group": "mqar-rebased"}) == "base"
+    assert mqar.state_floats(based) == 64 * 153 + 153
+    assert mqar.state_floats({**based, "attention.name": "softmax"}) == 2 * 64 * 64
     # Random fill is another task: its own row, never the zero-filled cell's best run.
     fill = {"attention.name": "softmax", "data.mqar.random_non_queries": True}
     assert mqar.variant(fill) == "softmax (random fill)" and mqar.recipe(fill) == "base"
@@ -513,6 +522,15 @@ def test_mqar_probe_reads_the_library_model_and_measures_its_heads(tmp_path, cap
     # a model with biases is refused with the fix named
     with pytest.raises(ValueError, match="without biases"):
         probe.reference_params(init_params(cfg.replace(bias=True), 0))
+    # Based's recipe (issue 39): short convolution, q and k of 4 dims, the Taylor kernel
+    based = cfg.replace(attention="LT_chunked", chunk_size=8, feature_map="taylor2",
+                        feature_dim=4, short_conv=3)  # fmt: skip
+    bp = jax.tree_util.tree_map(lambda a: a * 5 if a.ndim >= 2 else a, init_params(based, 4))
+    _, _, logits = probe.attention(probe.reference_params(bp, based), x)
+    ours = np.asarray(forward(bp, x[None], based))[0]
+    assert np.linalg.norm(logits - ours) / np.linalg.norm(ours) < 1e-5
+    with pytest.raises(ValueError, match="short convolution"):  # softmax with one: refused
+        probe.reference_params(init_params(cfg.replace(short_conv=3), 0))
     # The table: one column per run, one row per statistic.
     md = probe.markdown(
         [

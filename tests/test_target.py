@@ -181,6 +181,26 @@ def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D, 
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
+@SLOW
+@pytest.mark.parametrize(
+    "name, kernel, expected",
+    [("LT_chunked", "pallas", FORGET_KERNELS), *(
+        ("LT_attention_parallel", k, v) for k, v in PARALLEL_KERNELS.items())],
+)  # fmt: skip
+def test_kernels_with_wider_keys_compile_without_spills(name, kernel, expected):
+    """Issue 39: Based's Taylor map of a 16-dim projection, 153 key features for 64 value
+    columns, as 3 blocks folded into the heads (``kernels/key_blocks.py``): the kernels'
+    unnormalised forward and their backward compile without spills, with resets and gates."""
+    r = compile_step.compile_attention(
+        name, (1, 1024, 12, 64), "bfloat16", "h100", fail_on_spill=True, chunk_size=64,
+        kernel=kernel, resets=True, log_gate=True, key_dim=16, feature_map="taylor2",
+    )  # fmt: skip
+    prefix = "lt_chunked_" if name == "LT_chunked" else "lt_attention_parallel_"
+    assert _names(r, prefix) == expected
+    assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+    assert max(k.programs for k in r.kernels) >= 36  # 12 heads x 3 blocks
+
+
 @pytest.mark.parametrize("c", [64, 128])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("kernel", list(PARALLEL_KERNELS))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from linear_gpt2.attention import feature_maps
 from linear_gpt2.attention.options import OptionError, Options, option
 from linear_gpt2.attention.registry import UnknownAttentionError, family, names, spec
 from linear_gpt2.attention.schema import options_of, validate_context
@@ -29,6 +30,7 @@ __all__ = [
     "UnknownAttentionError",
     "decoder",
     "family",
+    "feature_maps",
     "get",
     "names",
     "option",

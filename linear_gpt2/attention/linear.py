@@ -1,13 +1,16 @@
 """Shared pieces of the linear-attention family: feature maps, normalisation, options, decoder.
 
-Every linear variant computes the same function of raw ``q, k, v`` ``[B, T, H, D]``: for each
-position i (causal),
+Every linear variant computes the same function of raw ``q, k`` ``[B, T, H, Dk]`` and ``v``
+``[B, T, H, D]``: for each position i (causal),
 
     y_i = (sum_{j<=i} (phi(q_i) . phi(k_j)) v_j) / (sum_{j<=i} phi(q_i) . phi(k_j) + eps)
 
-with phi one of :data:`FEATURE_MAPS` applied elementwise. There is no 1/sqrt(D) scaling (the post
-has none: the normaliser already removes the scale of the scores). ``eps`` (default 1e-6) is
-added to the denominator only, after the sum and before the division; it keeps ``relu``, whose
+with phi one of :data:`FEATURE_MAPS` (``feature_maps.py``): elementwise (d' = Dk) or expanding
+(Based's Taylor map, the symmetric power, ReBased's kernel: d' = dim(Dk) > Dk). Dk is the head
+dim, or ``attention.feature_dim`` when the layer projects q and k to fewer dimensions (Based's
+16). The states are ``S [d', D]``, ``z [d']`` per head. There is no 1/sqrt(D) scaling for the
+elementwise maps (the post has none: the normaliser already removes the scale of the scores).
+``eps`` (default 1e-6) is added to the denominator only, after the sum and before the division; it keeps ``relu``, whose
 features can all be zero, finite (then y_i = 0) and is negligible otherwise, since the
 denominator is a sum of at least one positive product.
 
@@ -31,7 +34,7 @@ carries the chunk's total decay on the state), which keeps float32 exact at any 
 materialising forms use the sequence's cumulative sum.
 
 The family's options are declared once here: :class:`LinearOptions` (``feature_map``,
-``kernel``, ``eps``, on top of the layer's ``doc_reset`` and ``decay``), which every linear
+``feature_dim``, ``kernel``, ``eps``, on top of the layer's ``doc_reset`` and ``decay``), which every linear
 variant's options class extends, and :class:`ChunkedOptions` (``chunk_size``, and the rule that
 a fused kernel needs a block size it can tile) for the variants that work in chunks or blocks.
 
@@ -50,7 +53,9 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
+from linear_gpt2.attention import feature_maps
 from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
+from linear_gpt2.attention.feature_maps import FeatureMap
 from linear_gpt2.attention.options import OptionError, Options, nonnegative, option
 from linear_gpt2.attention.spec import AttentionSpec, Decoder
 from linear_gpt2.kernels import normalise
@@ -65,32 +70,14 @@ __all__ = ["Forget", "as_forget", "causal_mask", "normalise", "segment_ids"]
 F32 = jnp.float32
 
 
-def _elu1(x: jax.Array) -> jax.Array:
-    return jax.nn.elu(x) + 1.0
+# phi by name (``feature_maps.py``): the elementwise maps (features >= 0) and the expanding ones
+# (Based's Taylor map, the symmetric power, ReBased's kernel), whose d' = dim(d) features make
+# phi(q) . phi(k) a polynomial of q . k.
+FEATURE_MAPS = feature_maps.FEATURE_MAPS
 
 
-# phi: R -> [0, inf), elementwise. Nonnegative features make every score phi(q).phi(k) >= 0, so
-# the denominator is a sum of nonnegative terms and the output a convex combination of values.
-FEATURE_MAPS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    # log(1 + e^x) > 0: the post's choice; smooth, ~x for large x, ~e^x for very negative x.
-    "softplus": jax.nn.softplus,
-    # elu(x) + 1 > 0 (Katharopoulos et al. 2020, "Transformers are RNNs"): e^x for x < 0,
-    # x + 1 for x >= 0.
-    "elu1": _elu1,
-    # max(x, 0) >= 0: can be exactly zero, then eps keeps the division finite (y_i = 0).
-    "relu": jax.nn.relu,
-    # e^x > 0: the unnormalised softmax kernel restricted to a product of per-feature
-    # exponentials; unbounded, overflows float32 for x > 88.
-    "exp": jnp.exp,
-}
-
-
-def check_feature_map(name: str) -> Callable[[jax.Array], jax.Array]:
-    if name not in FEATURE_MAPS:
-        raise ValueError(
-            f"unknown feature_map {name!r}; valid feature maps: {', '.join(FEATURE_MAPS)}"
-        )
-    return FEATURE_MAPS[name]
+def check_feature_map(name: str | FeatureMap) -> FeatureMap:
+    return feature_maps.get(name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,13 +98,27 @@ def kernel_option(names: tuple[str, ...]) -> Any:
 class LinearOptions(Options):
     """What every linear variant reads: the feature map, the implementation and eps."""
 
-    # Positive feature map phi applied to q and k (FEATURE_MAPS).
+    # The feature map phi applied to q and k (FEATURE_MAPS): elementwise or expanding.
     feature_map: str = option(
         "softplus", "the feature map phi on q and k", choices=tuple(FEATURE_MAPS), label="/{}"
+    )
+    # The dimension of q and k per head the layer projects them to before phi (Based's 16;
+    # 0: the head dim). It changes c_attn's shape, so a resumed run may not change it.
+    feature_dim: int = option(
+        0,
+        "q and k per head projected to this many dimensions before phi (0: the head dim)",
+        check=nonnegative,
+        label="({})",
     )
     kernel: str = kernel_option(("auto", "xla"))
     # Added to the normaliser sum_j phi(q_i).phi(k_j) before dividing.
     eps: float = option(1e-6, "added to the normaliser before dividing", check=nonnegative)
+
+    def check(self) -> None:
+        super().check()
+        problem = feature_maps.dim_problem(self.feature_map, self.feature_dim)
+        if problem:
+            raise OptionError("feature_dim", problem)
 
 
 def _chunk_value(value: int | str) -> str | None:
@@ -154,8 +155,8 @@ class ChunkedOptions(LinearOptions):
 def features(
     q: jax.Array, k: jax.Array, feature_map: str | Callable[[jax.Array], jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
-    """phi(q), phi(k): computed in float32, returned in the input dtype (the matmul operand
-    dtype). Any shape; elementwise."""
+    """phi(q), phi(k) ``[..., d']`` of q, k ``[..., d]``: computed in float32, returned in the
+    input dtype (the matmul operand dtype)."""
     phi = check_feature_map(feature_map) if isinstance(feature_map, str) else feature_map
 
     def apply(q, k):
@@ -268,8 +269,9 @@ def pair_weights(forget: Forget, T: int, H: int) -> jax.Array:
 
 
 def state_step(state, fq: jax.Array, fk: jax.Array, v: jax.Array, gamma: jax.Array | None = None):
-    """One token of the recurrence. state ``(S [B, H, D, D], z [B, H, D])`` float32; fq = phi(q),
-    fk = phi(k), v ``[B, H, D]``; ``gamma`` float32 ``[B, H]`` scales the carry (None: 1).
+    """One token of the recurrence. state ``(S [B, H, d', D], z [B, H, d'])`` float32; fq =
+    phi(q), fk = phi(k) ``[B, H, d']``, v ``[B, H, D]``; ``gamma`` float32 ``[B, H]`` scales the
+    carry (None: 1).
     Returns ``((num [B, H, D], den [B, H]), state)`` in float32.
 
     The state is updated before it is read: position i attends to itself.
@@ -302,9 +304,11 @@ PREFILL_CHUNK = 64
 def make_decoder(options: LinearOptions) -> Decoder:
     """The linear transformer as an RNN (the post's section 4): a state of constant size.
 
-    - ``init(batch, n_head, head_dim, max_len, dtype)`` -> ``(S [B, H, D, D], z [B, H, D])``,
+    - ``init(batch, n_head, head_dim, max_len, dtype)`` -> ``(S [B, H, d', D], z [B, H, d'])``,
       zeros in float32 whatever ``dtype`` (the activation dtype): S = sum_j phi(k_j) v_j^T and
-      z = sum_j phi(k_j) are sums over the whole context, so they accumulate in float32.
+      z = sum_j phi(k_j) are sums over the whole context, so they accumulate in float32. D is
+      ``head_dim`` (the values'), d' the feature map's dimension of the keys' Dk
+      (``options.feature_dim``, or ``head_dim`` when it is 0): 153 for ``taylor2`` at Dk = 16.
       ``max_len`` is accepted for the protocol and unused: the state does not grow.
     - ``step(state, q, k, v, *, log_gate=None, reset=None)``, q, k, v ``[B, H, D]``, log_gate
       ``[B, H]``, reset bool ``[B]``: the recurrence S = gamma S + phi(k) v^T, z = gamma z +
@@ -318,14 +322,16 @@ def make_decoder(options: LinearOptions) -> Decoder:
       otherwise the XLA form.
     """
     phi, eps, kernel = check_feature_map(options.feature_map), options.eps, options.kernel
+    feature_dim = options.feature_dim
     chunk_size = getattr(options, "chunk_size", PREFILL_CHUNK)
     if chunk_size == "auto":
         chunk_size = PREFILL_CHUNK
 
     def init(batch: int, n_head: int, head_dim: int, max_len: int | None = None, dtype=None):
         del max_len, dtype
-        S = jnp.zeros((batch, n_head, head_dim, head_dim), F32)
-        z = jnp.zeros((batch, n_head, head_dim), F32)
+        dk = phi.dim(feature_dim or head_dim)
+        S = jnp.zeros((batch, n_head, dk, head_dim), F32)
+        z = jnp.zeros((batch, n_head, dk), F32)
         return S, z
 
     def step(state, q, k, v, *, log_gate=None, reset=None):

@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
-from linear_gpt2.attention import autotune, linear
+from linear_gpt2.attention import autotune, feature_maps, linear
 from linear_gpt2.attention.spec import AttentionSpec, quadratic_flops
+from linear_gpt2.kernels import key_blocks
 from linear_gpt2.kernels.lt_attention_parallel import NAMES
 from linear_gpt2.kernels.lt_attention_parallel.naive import (
     blocked_forget_attention,
@@ -88,7 +89,7 @@ def make(options: LTAttentionParallelOptions):
         name = kernels.resolve_kernel(
             kernel,
             "LT_attention_parallel",
-            problem=kernels.tiling_problem(chunk_size, q.shape[-1]),
+            problem=kernels.tiling_problem(chunk_size, v.shape[-1]),
         )
         plain, forgetting = IMPLEMENTATIONS[name]
         T = q.shape[1]
@@ -133,7 +134,9 @@ def _kernel_design(shape, dtype, options: LTAttentionParallelOptions) -> str:
     from linear_gpt2.kernels.lt_attention_parallel import ops  # the model: no Pallas import
 
     Tp = -(-T // c) * c
-    return ops.design(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype)
+    d = feature_maps.key_features(D, options)  # wider keys: blocks folded into the heads
+    nk = 1 if kernels.padded_head_dim(d) == kernels.padded_head_dim(D) else key_blocks.plan(d, D)[1]
+    return ops.design(kernel, B, Tp, H * nk, kernels.padded_head_dim(D), c, dtype)
 
 
 SPEC = AttentionSpec(

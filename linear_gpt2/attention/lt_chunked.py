@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
-from linear_gpt2.attention import autotune, linear
+from linear_gpt2.attention import autotune, feature_maps, linear
 from linear_gpt2.attention.context import SEQ, over_sequence, sequence_shards
+from linear_gpt2.kernels import key_blocks
 from linear_gpt2.kernels.context import entering_state, slice_state
 from linear_gpt2.kernels.lt_chunked import FUSED, NAMES
 from linear_gpt2.kernels.lt_chunked.naive import chunked_linear_attention
@@ -102,7 +103,7 @@ def make(options: LTChunkedOptions):
         forget = linear.as_forget(log_gate, resets)
         # auto is resolved here, when traced: for the platform compiled for (a GPU target too).
         impl = kernels.resolve_kernel(
-            kernel, "LT_chunked", problem=kernels.tiling_problem(chunk_size, q.shape[-1])
+            kernel, "LT_chunked", problem=kernels.tiling_problem(chunk_size, v.shape[-1])
         )
         if impl == "triton" and context_parallel:
             raise NotImplementedError(
@@ -143,11 +144,13 @@ def make(options: LTChunkedOptions):
 
 
 def _flops(T: int, H: int, D: int, options: LTChunkedOptions) -> float:
-    """Attention inside the chunk (4 c D) and the state read and update (4 D^2) per head; an
-    ``auto`` chunk size is counted at 64, its usual choice."""
+    """Attention inside the chunk (2 c d' + 2 c D) and the state read and update (4 d' D) per
+    head, d' the features of q and k (D for the elementwise maps); an ``auto`` chunk size is
+    counted at 64, its usual choice."""
     chunk = options.chunk_size
     c = min(64 if chunk == "auto" else chunk, T)
-    return H * (4 * c * D + 4 * D * D)
+    d = feature_maps.key_features(D, options)
+    return H * (2 * c * (d + D) + 4 * d * D)
 
 
 def _kernel_design(shape, dtype, options: LTChunkedOptions) -> str:
@@ -160,7 +163,8 @@ def _kernel_design(shape, dtype, options: LTChunkedOptions) -> str:
 
     B, T, H, D = shape
     Tp = -(-T // c) * c
-    return ops.choose(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype)
+    nk = key_blocks.plan(feature_maps.key_features(D, options), D)[1]
+    return ops.choose(kernel, B, Tp, H, kernels.padded_head_dim(D), c, dtype, nk=nk)
 
 
 SPEC = linear.spec(

@@ -27,8 +27,8 @@ F32 = jnp.float32
 def lt_state(fq, fk, v, forget: linear.Forget | None = None) -> tuple[jax.Array, jax.Array]:
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) by the recurrence.
     fq = phi(q), fk = phi(k), v: ``[B, T, H, D]``; ``forget`` see ``kernels.forget.Forget``."""
-    B, T, H, D = fq.shape
-    state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
+    B, T, H, Dk = fq.shape
+    state = (jnp.zeros((B, H, Dk, v.shape[-1]), F32), jnp.zeros((B, H, Dk), F32))
 
     def body(state, x):
         out, state = state_step(state, *x)

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from linear_gpt2.attention import feature_maps
 from linear_gpt2.attention.options import Options, declared
 
 AttentionFn = Callable[..., jax.Array]
@@ -144,16 +145,16 @@ class AttentionSpec:
 
 
 def quadratic_flops(T: int, H: int, D: int, options: Any) -> float:
-    """Scores q.k against all T keys and the weighted sum of T values: 4 T D per head (not halved
-    for causality, as nanoGPT and llm.c count)."""
-    del options
-    return H * 4 * T * D
+    """Scores q.k against all T keys and the weighted sum of T values: 2 T d' + 2 T D per head,
+    d' the features of q and k (D, or an expanding feature map's; not halved for causality, as
+    nanoGPT and llm.c count)."""
+    return H * 2 * T * (feature_maps.key_features(D, options) + D)
 
 
 def state_flops(T: int, H: int, D: int, options: Any) -> float:
-    """The outer product k v^T into a [D, D] state and the read q S: 4 D^2 per head."""
-    del T, options
-    return H * 4 * D * D
+    """The outer product k v^T into a [d', D] state and the read q S: 4 d' D per head."""
+    del T
+    return H * 4 * feature_maps.key_features(D, options) * D
 
 
 # --------------------------------------------------------------------------------------------

@@ -55,16 +55,19 @@ def compile_attention(
     fail_on_spill: bool = False,
     resets: bool = False,
     log_gate: bool = False,
+    key_dim: int | None = None,
     **options: Any,
 ) -> CompileReport:
     """Compile attention ``name`` alone at q, k, v ``shape`` = ``[B, T, H, D]``: forward, or
     forward + backward (a VJP with a cotangent), for ``target``. ``resets`` / ``log_gate``:
     with forgetting (issue 14), document starts bool ``[B, T]`` and log-gates float32
-    ``[B, T, H]`` as further inputs (the backward differentiates the log-gates too)."""
+    ``[B, T, H]`` as further inputs (the backward differentiates the log-gates too).
+    ``key_dim``: q and k of that many dimensions instead of D (``attention.feature_dim``)."""
     fn = attention.get(name, **options)
     rep = replicated(target)
     x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rep)
     B, T, H, _ = shape
+    qk = x if key_dim is None else jax.ShapeDtypeStruct((B, T, H, key_dim), x.dtype, sharding=rep)
     extra: tuple[Any, ...] = ()
     if resets:
         extra += (jax.ShapeDtypeStruct((B, T), jnp.bool_, sharding=rep),)
@@ -86,9 +89,9 @@ def compile_attention(
             y, vjp = jax.vjp(lambda q, k, v, *g: call(q, k, v, *r, *g), q, k, v, *g)
             return y, vjp(dy)
 
-        args: tuple[Any, ...] = (x, x, x, x, *extra)
+        args: tuple[Any, ...] = (qk, qk, x, x, *extra)
     else:
-        f, args = call, (x, x, x, *extra)
+        f, args = call, (qk, qk, x, *extra)
     opts = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
     what = f"{name} {'forward+backward' if backward else 'forward'} {list(shape)} {dtype}" + (
         f" ({opts})" if opts else ""
@@ -125,6 +128,11 @@ class StepReport:
     # The chosen setting's compiled step (the plan's executable, not compiled again): its
     # ``as_text()`` is the optimized program.
     executable: Any = None
+
+    @property
+    def hlo_text(self) -> str | None:
+        """The chosen setting's optimized HLO text (what ``hlo_costs`` prices), or None."""
+        return None if self.executable is None else self.executable.as_text()
 
     @property
     def fits(self) -> bool:
@@ -217,7 +225,7 @@ def compile_train_step(
         context or cfg.block_size,
         context_parallel,
         collectives.summary(collectives.collectives(hlo[chosen.config], t.n_devices))
-        if chosen.config in hlo
+        if chosen.config in hlo and t.n_devices > 1
         else [],
         chosen.executable,
     )

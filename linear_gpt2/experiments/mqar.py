@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from linear_gpt2 import attention as attention_registry
+from linear_gpt2.attention import feature_maps
 from linear_gpt2.experiments.plots import pyplot, save
 from linear_gpt2.experiments.reports import mqar as report
 from linear_gpt2.experiments.reports.core import block, page
@@ -59,6 +60,13 @@ PUBLISHED: dict[str, dict[str, dict[int, float]]] = {
     "mqar-rebased": {
         "attention + conv (ReBased fig. 1)": {128: 1.0, 256: 1.0, 512: 1.0, 1024: 1.0},
         "Based (ReBased fig. 1)": {128: 1.0, 256: 0.98, 512: 0.89, 1024: 0.33},
+        # Read off the figure's d_model 64 markers (corl-team/rebased main_fig.png), +-0.01.
+        "ReBased (ReBased fig. 1, read off the figure)": {
+            128: 1.0,
+            256: 0.98,
+            512: 0.89,
+            1024: 0.55,
+        },
     },
 }
 SOURCES = {
@@ -77,6 +85,8 @@ def variant(config: dict[str, Any]) -> str:
     name = str(config.get("attention.name"))
     if attention_registry.family(name, default="other") != "softmax":
         name += f"/{config.get('attention.feature_map', 'softplus')}"
+        if config.get("attention.feature_dim"):  # q, k projected to it (Based's 16)
+            name += f"({config['attention.feature_dim']})"
         if config.get("attention.decay") not in (None, "none"):
             name += f"+{config['attention.decay']}"
     if config.get("data.mqar.random_non_queries"):
@@ -103,6 +113,8 @@ def recipe(config: dict[str, Any]) -> str:
     train examples"``; ``"base"`` when none. At least 10^8 training examples read as fresh data
     (each example is drawn once in any feasible run)."""
     parts = []
+    if protocol_of(config) == "mqar-zoology" and config.get("model.short_conv"):
+        parts.append(f"short conv {config['model.short_conv']}")  # Zoology's cells have none
     for key, base, label in RECIPE_KEYS:
         value = config.get(key, base)
         if value is None or value == base:
@@ -112,6 +124,23 @@ def recipe(config: dict[str, Any]) -> str:
         else:
             parts.append(label.format(f"{value:g}" if _num(value) else value))
     return ", ".join(parts) or "base"
+
+
+def state_floats(config: dict[str, Any]) -> int:
+    """The recurrent state of one attention layer, in floats, as Zoology counts it (its mixers'
+    ``state_size``: Based's ``H (D d' + d')``, attention's KV cache ``2 L d_model``): the linear
+    family's ``S [d', D]`` and ``z [d']`` per head, d' the feature map's features of the q, k
+    dimension; softmax's keys and values of all L positions."""
+    C, H = int(config["model.n_embd"]), int(config.get("model.n_head") or 1)
+    name = str(config.get("attention.name"))
+    if attention_registry.family(name, default="other") == "softmax":
+        return 2 * int(config["data.context"]) * C
+    D = C // H
+    d = feature_maps.key_dim(
+        str(config.get("attention.feature_map") or "softplus"),
+        int(config.get("attention.feature_dim") or 0) or D,
+    )
+    return H * (D * d + d)
 
 
 def evaluated_examples(config: dict[str, Any]) -> int:
@@ -160,12 +189,19 @@ def collect(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 seed=int(c.get("seed", 0)),
                 batch=int(c["train.tokens_per_update"]) // int(c["data.context"]),
                 recipe=recipe(c),
+                state_floats=state_floats(c),
                 max_steps=int(c["train.max_steps"]),
                 steps=int(steps[-1]) if steps else 0,
                 reached_target=bool(target is not None and final is not None and final >= target),
                 accuracy=final,
                 best_accuracy=max(a for _, a in accs) if accs else None,
                 test_examples=evaluated_examples(c),
+                # every evaluation: [update, held-out loss, held-out accuracy]
+                curve=[
+                    [r["step"], r.get("val_loss"), r["val_acc"]]
+                    for r in run.records
+                    if _num(r.get("val_acc"))
+                ],  # fmt: skip
                 train_seconds=round(sum(times), 1),
                 run=run.name,
                 # The commit of the run's last start (run_info.jsonl); None for older runs.
@@ -258,11 +294,11 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "json", "md", "png")}
-    fields = list(dict.fromkeys(k for r in rows for k in r)) or [
+    fields = list(dict.fromkeys(k for r in rows for k in r if k != "curve")) or [
         "protocol", "L", "N", "attention", "accuracy"
     ]  # fmt: skip
     with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     published = {
@@ -277,7 +313,29 @@ def write_report(
     machine = meta.get("machine", "this machine")
     title = f"ours: measured on {machine} (steps and settings: {name}.md); published: dashed"
     plot(rows, paths["png"], title=title)
+    if any(r.get("curve") for r in rows):
+        paths["curves"] = plot_curves(rows, out / f"{name}_curves.png")
     return paths
+
+
+def plot_curves(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Held-out accuracy against updates of the runs that recorded their evaluations, one panel
+    per (protocol, L)."""
+    plt = pyplot()
+    mine = [r for r in rows if r.get("curve")]
+    cells = sorted({(r["protocol"], r["L"]) for r in mine})
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.5 * len(cells), 3.6), squeeze=False)
+    for ax, (protocol, L) in zip(axes[0], cells):
+        for r in (r for r in mine if (r["protocol"], r["L"]) == (protocol, L)):
+            steps, _, acc = zip(*r["curve"])
+            ax.plot(steps, acc, label=f"{r['attention']} lr {r['lr']:g}")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("update")
+        ax.set_ylabel("held-out accuracy")
+        ax.set_title(f"{protocol} L={L}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    return save(fig, path)
 
 
 def read_report(path: str | Path) -> dict[str, Any]:

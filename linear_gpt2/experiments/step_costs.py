@@ -48,6 +48,9 @@ class Point:
     loss_chunk: int | None = None
     held_out: bool = False  # not used to fit the model
     batch: int = 1  # sequences per step (the measured steps: 1)
+    # Blocks of the key features per head (``kernels.key_blocks``: an expanding feature map's
+    # keys folded into the heads of the Pallas kernels); 1 for keys of the head dim.
+    key_blocks: int = 1
 
     @property
     def key(self) -> str:
@@ -102,7 +105,7 @@ def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
     launched with (``LT_chunked``'s both designs, ``LT_attention_parallel``'s single pass): a
     launch is priced by the entry of its name, whatever attention launched it."""
     dims = SIZES[point.size]
-    B, T, H = point.batch, point.context, dims["n_head"]
+    B, T, H = point.batch, point.context, dims["n_head"] * point.key_blocks
     D = dims["n_embd"] // H
     Dp = max(16, 2 ** math.ceil(math.log2(D)))
     c = min(point.chunk_size or 64, T)

@@ -250,9 +250,9 @@ def fused_linear_attention(forward: Callable, backward: Callable, what: str) -> 
     core.defvjp(core_fwd, core_bwd)
 
     def attention(fq: jax.Array, fk: jax.Array, v: jax.Array, c: int, eps: float) -> jax.Array:
-        D = fq.shape[-1]
-        check_fused_shape(fq.shape[1], D, c, what)
-        Dp = padded_head_dim(D)
+        D = v.shape[-1]  # keys of another width share its padded one (``ops``: key_blocks)
+        check_fused_shape(fq.shape[1], max(D, fq.shape[-1]), c, what)
+        Dp = padded_head_dim(max(D, fq.shape[-1]))
         fq, fk, v = (pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
         return core(fq, fk, v, c, float(eps))[..., :D]
 

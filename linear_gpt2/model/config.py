@@ -159,8 +159,11 @@ class ArchConfig:
 
     @property
     def is_gpt2(self) -> bool:
-        """The architecture nanoGPT and Hugging Face GPT-2 can represent (MLP, no convolution)."""
-        return self.mlp and self.short_conv == 0
+        """The architecture nanoGPT and Hugging Face GPT-2 can represent (MLP, no convolution,
+        q and k of the head dim without a normalisation of their own)."""
+        options = getattr(self, "attention_options", None)
+        extra = getattr(options, "feature_dim", 0) or getattr(self, "qk_layer_norm", False)
+        return self.mlp and self.short_conv == 0 and not extra
 
 
 @dataclass(frozen=True, init=False)
@@ -213,6 +216,19 @@ class ModelConfig(ArchConfig):
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def qk_dim(self) -> int:
+        """The dimension of q and k per head: ``feature_dim`` when set (the linear family's
+        projection, Based's 16), else the head dim."""
+        return getattr(self.attention_options, "feature_dim", 0) or self.head_dim
+
+    @property
+    def qk_layer_norm(self) -> bool:
+        """Whether the attention layer normalises q and k with a learned affine before the
+        feature map (ReBased's gamma * LayerNorm(x) + beta: ``feature_map: rebased``)."""
+        feature_map = getattr(self.attention_options, "feature_map", None)
+        return feature_map is not None and attention.feature_maps.get(feature_map).layer_norm
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes``: architecture fields, ``attention``, or attention options."""

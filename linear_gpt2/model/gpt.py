@@ -57,6 +57,7 @@ from linear_gpt2.model.layers import (
     fused_mlp,
     layer_norm,
     mlp,
+    qk_norm,
     qkv_heads,
     retnet_gammas,
 )
@@ -113,12 +114,18 @@ class CausalSelfAttention(nn.Module):
                     "model.short_conv has no incremental decoder; sample from a model without it"
                 )
             x = ShortConv(cfg.short_conv, name="conv")(x, resets)
-        if fused_bias(cfg):  # the same parameters and function, the fused backward
+        # q and k have cfg.qk_dim per head: D, or attention.feature_dim, the linear family's
+        # projection to fewer dimensions before the feature map (Based's proj_q, proj_k).
+        Dk = cfg.qk_dim
+        if fused_bias(cfg) and Dk == D:  # the same parameters and function, the fused backward
             w, b = DenseParams(C, 3 * C, name="c_attn")()
             q, k, v = qkv_heads(cfg, x, w, b)
         else:
-            qkv = dense(cfg, 3 * C, "c_attn")(x)
-            q, k, v = (t.reshape(B, T, H, D) for t in jnp.split(qkv, 3, axis=-1))
+            qkv = dense(cfg, 2 * H * Dk + C, "c_attn")(x)
+            q, k, v = jnp.split(qkv, [H * Dk, 2 * H * Dk], axis=-1)
+            q, k, v = q.reshape(B, T, H, Dk), k.reshape(B, T, H, Dk), v.reshape(B, T, H, D)
+        if cfg.qk_layer_norm:  # ReBased: gamma * LayerNorm(x) + beta on q and k, per head
+            q, k = (qk_norm(name)(t).astype(t.dtype) for name, t in (("ln_q", q), ("ln_k", k)))
         forget: dict[str, Any] = {}
         if resets is not None:
             forget["resets"] = resets

@@ -1,6 +1,7 @@
 """The building blocks of the GPT-2 modules beyond attention: nanoGPT's dense and LayerNorm
-layers, the decay gate's projection (``attention.decay: gate``) and the short convolution of the
-synthetic-task models (``model.short_conv``)."""
+layers, the decay gate's projection (``attention.decay: gate``), ReBased's normalisation of q
+and k (``attention.feature_map: rebased``) and the short convolution of the synthetic-task
+models (``model.short_conv``)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,21 @@ class FusedLayerNorm(nn.Module):
             x, h, scale, bias, eps=1e-5, out_dtype=cfg.dtype, kernel="pallas",
             residual_out=self.residual_out,
         )  # fmt: skip
+
+
+def qk_norm(name: str) -> nn.LayerNorm:
+    """ReBased's normalisation of q or k ``[B, T, H, Dk]`` before its feature map: LayerNorm over
+    each head's Dk features (eps 1e-5, two-pass variance, float32) with a learned scale and
+    shift per head and feature, ``[H, Dk]`` (torch's default init: 1 and 0)."""
+    return nn.LayerNorm(
+        epsilon=1e-5,
+        reduction_axes=-1,
+        feature_axes=(-2, -1),
+        use_fast_variance=False,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        name=name,
+    )
 
 
 def retnet_gammas(n_head: int) -> np.ndarray:

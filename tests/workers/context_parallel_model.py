@@ -20,7 +20,17 @@ VARIANTS = {
     # The loss by chunks of 4 tokens too (model.loss_chunk: per device under context parallelism)
     "LT_state_parallel": ("LT_state_parallel", {"loss_chunk": 4}, 32),
     "flash-xla": ("flash", {"kernel": "xla"}, 32),
+    # Keys wider than the values (issue 39): Based's Taylor map of a 5-dim projection, 21
+    # features in 2 blocks of the 16-wide value heads through the kernels' initial state.
+    "LT_chunked-pallas-taylor2": (
+        "LT_chunked",
+        {"chunk_size": 16, "kernel": "pallas_chunk", "feature_map": "taylor2", "feature_dim": 5},
+        128,
+    ),
 }
+# Variants that run only the plain case and the one with both resets and the gate, on one mesh
+# (8 slices): the expanded keys add no path of their own across slices, only wider states.
+BOTH_ONLY = {"LT_chunked-pallas-taylor2": [(1, 8)]}
 MESHES = [(1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8)]  # (data, seq)
 B = 2
 
@@ -47,6 +57,9 @@ def main() -> None:
     forgets = [(False, "none"), (True, "none")]
     if spec.decay:
         forgets += [(False, "gate"), (True, "gate")]
+    meshes = MESHES
+    if sys.argv[1] in BOTH_ONLY:
+        forgets, meshes = [(False, "none"), (True, "gate")], BOTH_ONLY[sys.argv[1]]
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 97, size=(B, T + 1))
@@ -73,7 +86,7 @@ def main() -> None:
 
         grad = jax.value_and_grad(loss)
         l0, g0 = jax.jit(grad)(params, inputs, targets, seg)
-        for data, seq in MESHES:
+        for data, seq in meshes:
             mesh = make_mesh(jax.devices()[: data * seq], context_parallel=seq)
             split = NamedSharding(mesh, P("data", "seq"))
             rep = NamedSharding(mesh, P())

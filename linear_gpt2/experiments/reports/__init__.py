@@ -12,6 +12,7 @@ from linear_gpt2.experiments.reports import (  # noqa: F401  (each module regist
     attention,
     context_parallel,
     cpu,
+    feature_maps,
     gpu_check,
     index,
     learning,

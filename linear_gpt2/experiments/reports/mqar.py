@@ -48,6 +48,13 @@ def best(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     )
 
 
+def _state(r: dict[str, Any]) -> str:
+    """The layer's recurrent state in floats (Zoology's state size; rows written before the
+    column: blank)."""
+    n = r.get("state_floats")
+    return "" if n is None else f"{n:,}"
+
+
 def _fmt(v: float | None) -> str:
     return "" if v is None else f"{v:.{DECIMALS}f}"
 
@@ -81,40 +88,116 @@ def markdown(
     }
     sources = meta.get("published_sources", {})
     how = meta.get("how", "measured")
-    lines = [
-        "# MQAR on CPU: ours beside the published numbers",
+    protocols = list(dict.fromkeys(r["protocol"] for r in rows))
+    lines = ["# MQAR on CPU: ours beside the published numbers", ""]
+    # The tables lead (best run per cell), then one paragraph of reading, then how and the rest.
+    for protocol in protocols:
+        mine = [r for r in rows if r["protocol"] == protocol]
+        lines += [f"## {protocol}", "", cells_table(mine, published.get(protocol, {})), ""]
+    reading = expanded_reading(rows, published)
+    if reading:
+        lines += ["## Reading", "", reading, ""]
+    lines += [
+        "## How these were obtained",
         "",
         f"{how.capitalize()} on {meta.get('machine', 'this machine')} ({meta.get('note', '')}); "
         f"commit {short(meta.get('environment', {}).get('git_commit'))}.",
         "Ours: final held-out accuracy (fraction of queries whose value is the argmax over the "
         "8192-way vocabulary) on the first 'test examples' of the test split (as many as the run's "
         "evaluation read), one seed and one learning rate per run, stopped at 99% as the papers "
-        "stop; where a cell has several runs (settings below) it shows the best. Recipe: the run's "
-        "departures from configs/mqar/base.yaml. Published: best over the papers' learning-rate "
-        "sweeps.",
+        "stop; where a cell has several runs (settings below) it shows the best; a cell with "
+        "'N steps' stopped below 99% after N updates. Recipe: the run's departures from "
+        "configs/mqar/base.yaml. State / layer: one attention layer's recurrent state in floats as "
+        "Zoology counts it (linear: H (D d' + d'), d' features; softmax: the 2 L d_model of its KV "
+        "cache). Published: best over the papers' learning-rate sweeps.",
         "",
     ]
-    for protocol in dict.fromkeys(r["protocol"] for r in rows):
+    for protocol in protocols:
         mine = [r for r in rows if r["protocol"] == protocol]
-        lines += [f"## {protocol}", ""]
+        lines += [f"### {protocol}: settings of our runs", ""]
         if protocol in sources:
             lines += [f"Published: {sources[protocol]}.", ""]
-        lines += [cells_table(mine, published.get(protocol, {})), "", "Settings of our runs:", ""]
         lines += [
             table(
-                ["attention", "L", "N", "lr", "seed", "batch", "recipe", "steps (max)",
-                 "stopped at 99%", "accuracy (best)", "test examples", "train s"],
+                ["attention", "L", "N", "lr", "seed", "batch", "recipe", "state / layer",
+                 "steps (max)", "stopped at 99%", "accuracy (best)", "test examples", "train s"],
                 [[r["attention"], r["L"], r["N"], f"{r['lr']:g}", r["seed"], r["batch"],
-                  r.get("recipe", "base"), f"{r['steps']} ({r['max_steps']})",
+                  r.get("recipe", "base"), _state(r), f"{r['steps']} ({r['max_steps']})",
                   "yes" if r["reached_target"] else "no",
                   f"{_fmt(r['accuracy'])} ({_fmt(r['best_accuracy'])})", r["test_examples"],
                   f"{r['train_seconds']:.0f}"] for r in mine],
             ),
             "",
         ]  # fmt: skip
+    curves = [r for r in rows if r.get("curve")]
+    if curves:
+        lines += ["## Held-out accuracy during training", "",
+                  "Runs that recorded their evaluations (report rows since issue 39): the "
+                  "held-out accuracy (and loss) at the evaluation nearest each update.", "",
+                  curves_table(curves), ""]  # fmt: skip
     if meta.get("notes"):
         lines += ["## Notes", "", *(f"- {fill(n, rows)}" for n in meta["notes"]), ""]
     return "\n".join(lines)
+
+
+# The feature maps that expand the keys (issue 39): their runs are what the reading is about.
+EXPANDED = re.compile(r"/(taylor2|power2|rebased)\b")
+
+
+def expanded_reading(
+    rows: Sequence[dict[str, Any]], published: dict[str, dict[str, dict[int, float]]]
+) -> str:
+    """One paragraph on the runs with an expanding feature map (Based's recipe and kin), every
+    figure read from the rows: per feature map and cell, the best run's accuracy, its updates
+    of its budget, how many learning rates were tried, and the published Based number."""
+    runs = [r for r in rows if EXPANDED.search(r["attention"])]
+    if not runs:
+        return ""
+    parts = []
+    for (att, protocol, L), r in sorted(
+        {(x["attention"], x["protocol"], x["L"]): best([y for y in runs if (y["attention"],
+         y["protocol"], y["L"]) == (x["attention"], x["protocol"], x["L"])]) for x in runs}.items()
+    ):  # fmt: skip
+        tried = sorted({y["lr"] for y in runs if (y["attention"], y["protocol"], y["L"]) ==
+                        (att, protocol, L)})  # fmt: skip
+        based = next((v.get(L) for k, v in published.get(protocol, {}).items()
+                      if k.startswith("Based")), None)  # fmt: skip
+        parts.append(
+            f"{att} on {protocol} L={L} (N={r['N']}): {_fmt(r['accuracy'])} after {r['steps']} of "
+            f"{r['max_steps']} updates (lr {r['lr']:g}; {len(tried)} learning rate"
+            f"{'s' if len(tried) > 1 else ''} tried: {', '.join(f'{x:g}' for x in tried)})"
+            + (f", Based published {_fmt(based)}" if based is not None else "")
+        )
+    reached = [r for r in runs if r["reached_target"]]
+    short_runs = [r for r in runs if not r["reached_target"] and r["steps"] < r["max_steps"]]
+    tail = (
+        f" {len(reached)} of {len(runs)} runs reached 99%; {len(short_runs)} stopped before "
+        "their update budget (cut short, not converged): a cell below the published number here "
+        "is a lower bound of what the recipe reaches, and the held-out curves below say where "
+        "each run stood."
+    )
+    return "The expanding feature maps, as far as their runs went: " + "; ".join(parts) + "." + tail
+
+
+CURVE_STEPS = (100, 250, 500, 1000, 1500, 2000, 3000)
+
+
+def curves_table(rows: Sequence[dict[str, Any]]) -> str:
+    """One row per run: accuracy (held-out loss) at :data:`CURVE_STEPS` it reached."""
+    steps = [s for s in CURVE_STEPS if any(r["curve"][-1][0] >= s for r in rows)]
+
+    def at(r: dict[str, Any], s: int) -> str:
+        if r["curve"][-1][0] < s:
+            return ""
+        step, loss, acc = min(r["curve"], key=lambda e: abs(e[0] - s))
+        return f"{acc:.3f} ({loss:.2f})" if loss is not None else f"{acc:.3f}"
+
+    return table(
+        ["protocol", "attention", "L", "lr", "recipe", *(f"{s}" for s in steps), "last"],
+        [[r["protocol"], r["attention"], r["L"], f"{r['lr']:g}", r.get("recipe", "base"),
+          *(at(r, s) for s in steps),
+          f"{r['curve'][-1][2]:.3f} at {r['curve'][-1][0]}"] for r in rows],
+    )  # fmt: skip
 
 
 def cells_table(mine: Sequence[dict[str, Any]], published: dict[str, dict[int, float]]) -> str:

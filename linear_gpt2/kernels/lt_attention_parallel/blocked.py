@@ -129,7 +129,7 @@ def _unpack(refs, n_in: int, forget: bool):
     return refs[:n_in], refs[n_in], refs[n_in + 1], refs[n_in + 2 :]
 
 
-def _fwd_kernel(*refs, c: int, eps: float, forget: bool):
+def _fwd_kernel(*refs, c: int, eps: float, forget: bool, normalise: bool = True):
     """Query block n = program_id(0): fq/y refs ``[c, Dp]``, fk/v refs ``[T, Dp]``, den ``[c]``;
     with forgetting b (float32, block-local) and seg (int32) refs ``[T]``."""
     (fq_ref, fk_ref, v_ref), b_ref, seg_ref, (y_ref, den_ref) = _unpack(refs, 3, forget)
@@ -153,7 +153,9 @@ def _fwd_kernel(*refs, c: int, eps: float, forget: bool):
 
     init = (jnp.zeros((c, Dp), F32), jnp.zeros((c,), F32), jnp.zeros((), F32))
     num, den, _ = lax.fori_loop(0, n + 1, key_block, init)
-    y_ref[...] = (num * kernels.reciprocal(den, eps)[:, None]).astype(y_ref.dtype)
+    if normalise:
+        num = num * kernels.reciprocal(den, eps)[:, None]
+    y_ref[...] = num.astype(y_ref.dtype)
     den_ref[...] = den
 
 
@@ -267,9 +269,10 @@ def _forget_specs(T: int):
     ]
 
 
-def _forward(fq, fk, v, c: int, eps: float, b=None, seg=None):
+def _forward(fq, fk, v, c: int, eps: float, b=None, seg=None, normalise: bool = True):
     """y ``[B, T, H, Dp]`` and den float32 ``[B, H, T]``; with forgetting when b (float32, block-local
-    ``[B, T, H]``) and seg (int32 ``[B, T]``) are given."""
+    ``[B, T, H]``) and seg (int32 ``[B, T]``) are given. Without ``normalise`` the numerator,
+    float32, instead of y (``ops``: keys wider than the values)."""
     B, T, H, Dp = fq.shape
     c = tile(c, Dp)
     forget = b is not None
@@ -277,12 +280,12 @@ def _forward(fq, fk, v, c: int, eps: float, b=None, seg=None):
     seq = pl.BlockSpec((None, T, None, Dp), lambda n, b, h: (b, 0, h, 0))
     den = pl.BlockSpec((None, None, c), lambda n, b, h: (b, h, n))
     return pl.pallas_call(
-        partial(_fwd_kernel, c=c, eps=eps, forget=forget),
+        partial(_fwd_kernel, c=c, eps=eps, forget=forget, normalise=normalise),
         grid=(T // c, B, H),
         in_specs=[block, seq, seq, *(_forget_specs(T) if forget else [])],
         out_specs=[block, den],
         out_shape=[
-            jax.ShapeDtypeStruct((B, T, H, Dp), v.dtype),
+            jax.ShapeDtypeStruct((B, T, H, Dp), v.dtype if normalise else F32),
             jax.ShapeDtypeStruct((B, H, T), F32),
         ],
         compiler_params=_compiler_params(Dp),
@@ -360,9 +363,9 @@ def blocked_forget_attention(fq, fk, v, log_gate, seg, c: int, eps: float) -> ja
     padding), seg int32 ``[B, T]`` the document id of each position. Returns y ``[B, T, H, D]``,
     differentiable in fq, fk, v and log_gate (residuals O(T D): the inputs, y and den)."""
     what = "LT_attention_parallel kernel=pallas"
-    D = fq.shape[-1]
-    kernels.check_fused_shape(fq.shape[1], D, c, what)
-    Dp = kernels.padded_head_dim(D)
+    D = v.shape[-1]
+    kernels.check_fused_shape(fq.shape[1], max(D, fq.shape[-1]), c, what)
+    Dp = kernels.padded_head_dim(max(D, fq.shape[-1]))
     fq, fk, v = (kernels.pad_head_dim(x, Dp) for x in (fq, fk, v.astype(fq.dtype)))
     y = _forget_core(fq, fk, v, log_gate.astype(F32), seg.astype(jnp.int32), c, float(eps))
     return y[..., :D]

@@ -80,8 +80,9 @@ def _block_scores(Q: jax.Array, k_m: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def _forward(fq, fk, v, c: int, eps: float):
-    """y ``[B, T, H, D]`` float32 and den ``[B, T, H]`` float32; T a multiple of c."""
-    B, T, H, D = fq.shape
+    """y ``[B, T, H, D]`` float32 and den ``[B, T, H]`` float32; T a multiple of c (fq, fk
+    ``[B, T, H, d']``, v ``[B, T, H, D]``)."""
+    B, T, H, D = v.shape
     N = T // c
     Q = _blocks(fq, c)
 
@@ -121,8 +122,8 @@ def _cotangent_blocks(fq, dy, y, den, c: int, eps: float):
 def blocked_linear_attention(fq, fk, v, c: int, eps: float):
     """Normalised causal linear attention from features, by blocks of c without the T x T matrix.
 
-    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` with T a multiple of c -> y ``[B, T, H, D]`` in
-    v's dtype. (The interface a fused kernel implements.)"""
+    fq = phi(q), fk = phi(k) ``[B, T, H, d']``, v ``[B, T, H, D]`` with T a multiple of c -> y
+    ``[B, T, H, D]`` in v's dtype. (The interface a fused kernel implements.)"""
     y, _ = _forward(fq, fk, v, c, eps)
     return y.astype(v.dtype)
 
@@ -134,7 +135,7 @@ def _fwd(fq, fk, v, c, eps):
 
 def _bwd(c, eps, residuals, dy):
     fq, fk, v, y, den = residuals
-    B, T, H, D = fq.shape
+    B, T, H, _ = fq.shape
     Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
 
     N = T // c
@@ -154,10 +155,10 @@ def _bwd(c, eps, residuals, dy):
     dQ, (dK, dV) = lax.scan(key_block, jnp.zeros(Q.shape, F32), xs)
 
     def unblock(x):  # [N, B, c, H, D] -> [B, T, H, D]
-        return jnp.swapaxes(x, 0, 1).reshape(B, T, H, D)
+        return jnp.swapaxes(x, 0, 1).reshape(B, T, H, x.shape[-1])
 
     return (
-        dQ.reshape(B, T, H, D).astype(fq.dtype),
+        dQ.reshape(fq.shape).astype(fq.dtype),
         unblock(dK).astype(fk.dtype),
         unblock(dV).astype(v.dtype),
     )
@@ -206,7 +207,7 @@ def _between(R, G, m):
 
 
 def _forward_forget(fq, fk, v, log_gate, seg, c: int, eps: float):
-    B, T, H, D = fq.shape
+    B, T, H, D = v.shape
     N = T // c
     Q = _blocks(fq, c)
     b, G = _block_gates(log_gate, c)
@@ -248,7 +249,7 @@ def _fwd_forget(fq, fk, v, log_gate, seg, c, eps):
 
 def _bwd_forget(c, eps, residuals, dy):
     fq, fk, v, log_gate, seg, y, den = residuals
-    B, T, H, D = fq.shape
+    B, T, H, _ = fq.shape
     N = T // c
     Q, dNum, Delta = _cotangent_blocks(fq, dy, y, den, c, eps)
     b, G = _block_gates(log_gate, c)
@@ -280,7 +281,7 @@ def _bwd_forget(c, eps, residuals, dy):
     dL = jnp.swapaxes(dLq, 2, 3).reshape(B, T, H) + unblock(dLk)
     dseg = np.zeros(seg.shape, dtype=jax.dtypes.float0)
     return (
-        dQ.reshape(B, T, H, D).astype(fq.dtype),
+        dQ.reshape(fq.shape).astype(fq.dtype),
         unblock(dK).astype(fk.dtype),
         unblock(dV).astype(v.dtype),
         kernels.log_gate_cotangent(dL),

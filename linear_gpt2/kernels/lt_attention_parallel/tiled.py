@@ -116,7 +116,9 @@ def _unpack(refs, n_in: int, forget: bool):
 # Forward
 
 
-def _fwd_kernel(*refs, t: plan_lib.Tiles, n_blocks: int, eps: float, forget: bool):
+def _fwd_kernel(
+    *refs, t: plan_lib.Tiles, n_blocks: int, eps: float, forget: bool, normalise: bool = True
+):
     """Query block n: fq / y refs ``[bq, D]``, den ``[bq]``; fk, v ``[T, D]``; with forgetting
     b, e (float32) and seg (int32) ``[T]``."""
     (fq_ref, fk_ref, v_ref), gate, (y_ref, den_ref) = _unpack(refs, 3, forget)
@@ -157,7 +159,9 @@ def _fwd_kernel(*refs, t: plan_lib.Tiles, n_blocks: int, eps: float, forget: boo
     carry = lax.fori_loop(0, r, lambda i, c: key_tile(top - i, c, True), carry)
     carry = lax.fori_loop(0, n * r, lambda i, c: key_tile(n * r - 1 - i, c, False), carry)
     num, den, _ = carry
-    y_ref[...] = (num * kernels.reciprocal(den, eps)[:, None]).astype(y_ref.dtype)
+    if normalise:
+        num = num * kernels.reciprocal(den, eps)[:, None]
+    y_ref[...] = num.astype(y_ref.dtype)
     den_ref[...] = den
 
 
@@ -167,9 +171,10 @@ def _gate_specs(T: int):
     return [seq, seq, pl.BlockSpec((None, T), lambda h, b, n: (b, 0))]
 
 
-def forward(fq, fk, v, t: plan_lib.Tiles, eps: float, gate=None):
+def forward(fq, fk, v, t: plan_lib.Tiles, eps: float, gate=None, normalise: bool = True):
     """y ``[B, T, H, D]`` (input dtype) and den float32 ``[B, H, T]``; T a multiple of t.pad, D
-    padded. ``gate`` = (b, e, seg) with forgetting."""
+    padded. ``gate`` = (b, e, seg) with forgetting. Without ``normalise`` the numerator,
+    float32, instead of y (``ops``: keys wider than the values)."""
     B, T, H, D = fq.shape
     nb = T // t.bq
     forget = gate is not None
@@ -177,12 +182,12 @@ def forward(fq, fk, v, t: plan_lib.Tiles, eps: float, gate=None):
     seq = pl.BlockSpec((None, T, None, D), lambda h, b, p: (b, 0, h, 0))
     den = pl.BlockSpec((None, None, t.bq), lambda h, b, p: (b, h, nb - 1 - p))
     return pl.pallas_call(
-        partial(_fwd_kernel, t=t, n_blocks=nb, eps=eps, forget=forget),
+        partial(_fwd_kernel, t=t, n_blocks=nb, eps=eps, forget=forget, normalise=normalise),
         grid=(H, B, nb),
         in_specs=[block, seq, seq, *(_gate_specs(T) if forget else [])],
         out_specs=[block, den],
         out_shape=[
-            jax.ShapeDtypeStruct((B, T, H, D), v.dtype),
+            jax.ShapeDtypeStruct((B, T, H, D), v.dtype if normalise else F32),
             jax.ShapeDtypeStruct((B, H, T), F32),
         ],
         compiler_params=plan_lib.compiler_params("fwd", D),
@@ -342,8 +347,8 @@ _core.defvjp(_core_fwd, _core_bwd)
 def _prepare(fq, fk, v, t: plan_lib.Tiles):
     """Pad D to a power of two >= 16 and T to a multiple of the resident blocks (zero features:
     the padded keys add nothing, the padded queries are dropped)."""
-    B, T, H, D = fq.shape
-    Dp = kernels.padded_head_dim(D)
+    B, T, H, _ = fq.shape
+    Dp = kernels.padded_head_dim(max(fq.shape[-1], v.shape[-1]))
     pad_t = plan_lib.padded_length(T, t) - T
 
     def prep(x):
@@ -361,7 +366,7 @@ def attention(fq, fk, v, c: int, eps: float, tiles: plan_lib.Tiles | None = None
     of two >= 16 (it caps the streamed tile). ``tiles``: the tiling (default: the largest,
     ``plan.largest``; ``ops`` passes the cost model's). Returns y ``[B, T, H, D]`` in fq's
     dtype. The interface of ``lt_attention_parallel.IMPLEMENTATIONS``."""
-    B, T, H, D = fq.shape
+    B, T, H, D = v.shape
     plan_lib.check(c, D, "LT_attention_parallel kernel=pallas_tiled")
     t = tiles or plan_lib.largest(c, kernels.padded_head_dim(D))
     fq_p, fk_p, v_p, _ = _prepare(fq, fk, v, t)
@@ -378,7 +383,7 @@ def forget_attention(
     log_gate float32 ``[B, T, H]`` log gamma per position (<= 0), seg int32 ``[B, T]`` the
     document id of each position. Differentiable in fq, fk, v and log_gate (residuals O(T D):
     the inputs, the block-local log-gates, y and den)."""
-    B, T, H, D = fq.shape
+    B, T, H, D = v.shape
     plan_lib.check(c, D, "LT_attention_parallel kernel=pallas_tiled")
     t = tiles or plan_lib.largest(c, kernels.padded_head_dim(D))
     fq_p, fk_p, v_p, pad_t = _prepare(fq, fk, v, t)

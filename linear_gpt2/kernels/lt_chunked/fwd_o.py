@@ -34,11 +34,15 @@ from linear_gpt2.kernels.lt_chunked import tiles
 F32 = jnp.float32
 
 
-def output_tile(q, S, z, fk_ref, v_ref, start, p, *, bt: int, eps: float, gate=None):
+def output_tile(
+    q, S, z, fk_ref, v_ref, start, p, *, bt: int, eps: float, gate=None, normalise: bool = True
+):
     """y ``[bt, BV]`` float32 and den ``[bt]`` of query tile p of a chunk whose rows start at
     ``start`` in fk_ref / v_ref, given the state (S ``[D, BV]``, z ``[D]``) entering the chunk.
     With forgetting, ``gate`` = (b_ref, s_ref) of the chunk's rows: the state's part is
-    weighted by ``tiles.into``, the scores by the pair weights. Shared with the fused kernel."""
+    weighted by ``tiles.into``, the scores by the pair weights. Without ``normalise`` the
+    numerator instead of y (a block of the key features: ``ops``, keys wider than values).
+    Shared with the fused kernel."""
     q32 = q.astype(F32)
     num = tiles.dot(q32, S)
     den = jnp.sum(q32 * z[None, :], axis=1)
@@ -57,10 +61,14 @@ def output_tile(q, S, z, fk_ref, v_ref, start, p, *, bt: int, eps: float, gate=N
         return num + tiles.dot(A.astype(v.dtype), v), den + jnp.sum(A, axis=1)
 
     num, den = tiles.loop(0, p + 1, key_tile, (num, den))
+    if not normalise:
+        return num, den
     return num * tiles.reciprocal(den, eps)[:, None], den
 
 
-def _kernel(*refs, c: int, bt: int, L: int, eps: float, has_base: bool, forget: bool):
+def _kernel(
+    *refs, c: int, bt: int, L: int, eps: float, has_base: bool, forget: bool, normalise: bool
+):
     """fq ``[bt, D]``, fk ``[c, D]``, v ``[c, BV]`` (the chunk), h ``[D, BV]``, z ``[D]``,
     (b ``[c]``, s ``[c]``), (base ``[D, BV]``, zbase ``[D]``, (decay ``[L]``)); y ``[bt, BV]``,
     den ``[bt]``."""
@@ -84,7 +92,9 @@ def _kernel(*refs, c: int, bt: int, L: int, eps: float, has_base: bool, forget: 
             S, z = S + a * base_ref[...], z + a * zbase_ref[...]
         else:
             S, z = S + base_ref[...], z + zbase_ref[...]
-    y, den = output_tile(fq_ref[...], S, z, fk_ref, v_ref, 0, p, bt=bt, eps=eps, gate=gate)
+    y, den = output_tile(
+        fq_ref[...], S, z, fk_ref, v_ref, 0, p, bt=bt, eps=eps, gate=gate, normalise=normalise
+    )
     y_ref[...] = y.astype(y_ref.dtype)
 
     @pl.when(pl.program_id(3) == 0)
@@ -92,12 +102,15 @@ def _kernel(*refs, c: int, bt: int, L: int, eps: float, has_base: bool, forget: 
         den_ref[...] = den
 
 
-def chunk_fwd_o(fq, fk, v, h, z, base, eps: float, blocks: plan_lib.Blocks, forget=None):
+def chunk_fwd_o(
+    fq, fk, v, h, z, base, eps: float, blocks: plan_lib.Blocks, forget=None, normalise=True
+):
     """``(y [B, T, H, D], den [B, H, T] float32)``. fq, fk, v ``[B, T, H, D]``; h, z from
     ``fwd_h``; base ``(S [B, H, G, D, D], z [B, H, G, D])`` or None (zero). ``forget``: None, or
     ``(b [B, T, H] float32, s [B, T] int32, decay [B, H, N] float32)``: the chunk-local
     cumulative log-gates, documents within the chunk, and the factor of the segment's base at
-    each chunk (the carries of the segment's earlier chunks; read only with a base)."""
+    each chunk (the carries of the segment's earlier chunks; read only with a base). Without
+    ``normalise``: the numerator, float32, instead of y."""
     B, T, H, D = fq.shape
     c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
     P, N = c // bt, T // c
@@ -133,6 +146,7 @@ def chunk_fwd_o(fq, fk, v, h, z, base, eps: float, blocks: plan_lib.Blocks, forg
             eps=eps,
             has_base=base is not None,
             forget=forget is not None,
+            normalise=normalise,
         ),  # fmt: skip
         grid=(T // bt, B, H, D // BV),
         in_specs=in_specs,
@@ -141,7 +155,7 @@ def chunk_fwd_o(fq, fk, v, h, z, base, eps: float, blocks: plan_lib.Blocks, forg
             pl.BlockSpec((None, None, bt), lambda t, b, h, iv: (b, h, t)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((B, T, H, D), v.dtype),
+            jax.ShapeDtypeStruct((B, T, H, D), v.dtype if normalise else F32),
             jax.ShapeDtypeStruct((B, H, T), F32),
         ],
         compiler_params=plan_lib.compiler_params("fwd_o", D, blocks),

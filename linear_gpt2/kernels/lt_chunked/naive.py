@@ -43,20 +43,21 @@ def chunked_linear_attention(
     forget: Forget | None = None,
 ):
     """Numerator ``[B, T, H, D]`` and denominator ``[B, T, H]`` (float32) by chunks of ``c``,
-    continuing from ``state`` = ``(S [B, H, D, D], z [B, H, D])`` float32 (zeros if None).
+    continuing from ``state`` = ``(S [B, H, d', D], z [B, H, d'])`` float32 (zeros if None).
 
-    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` with T a multiple of c; ``forget`` see
+    fq = phi(q), fk = phi(k) ``[B, T, H, d']`` and v ``[B, T, H, D]`` with T a multiple of c; ``forget`` see
     ``Forget`` (a reset at position 0 drops ``state``). Returns ``((num, den), state)``
     with the state after all T positions (what the decoder's prefill continues from).
     """
     if forget is not None:
         return _chunked_forget(fq, fk, v, c, state, forget)
-    B, T, H, D = fq.shape
+    B, T, H, Dk = fq.shape
+    D = v.shape[-1]
     N = T // c
     if state is None:
-        state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
+        state = (jnp.zeros((B, H, Dk, D), F32), jnp.zeros((B, H, Dk), F32))
     S0, z0 = state
-    fq, fk, v = (x.reshape(B, N, c, H, D) for x in (fq, fk, v))
+    fq, fk, v = (x.reshape(B, N, c, H, x.shape[-1]) for x in (fq, fk, v))
 
     # State increments of each chunk, then the state before each chunk (exclusive prefix sum).
     P = jnp.einsum("bnchd,bnche->bnhde", fk, v, preferred_element_type=F32)
@@ -106,13 +107,14 @@ def chunk_decays(forget: Forget, B: int, T: int, H: int, c: int):
 
 
 def _chunked_forget(fq, fk, v, c, state, forget: Forget):
-    B, T, H, D = fq.shape
+    B, T, H, Dk = fq.shape
+    D = v.shape[-1]
     N = T // c
     if state is None:
-        state = (jnp.zeros((B, H, D, D), F32), jnp.zeros((B, H, D), F32))
+        state = (jnp.zeros((B, H, Dk, D), F32), jnp.zeros((B, H, Dk), F32))
     S0, z0 = state
     intra, into, out, carry = chunk_decays(forget, B, T, H, c)
-    fq, fk, v = (x.reshape(B, N, c, H, D) for x in (fq, fk, v))
+    fq, fk, v = (x.reshape(B, N, c, H, x.shape[-1]) for x in (fq, fk, v))
 
     # Each chunk's own contribution to the state at its end, then the recurrence over chunks
     # S_after_n = carry_n S_after_{n-1} + P_n from S_after_{-1} = S0, in log depth.

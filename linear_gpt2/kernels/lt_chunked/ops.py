@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_gpt2 import kernels
+from linear_gpt2.kernels import key_blocks
 from linear_gpt2.kernels.forget import cumprod, decayed_scan
 from linear_gpt2.kernels.lt_chunked import (
     CHUNK,
@@ -242,25 +243,28 @@ def row_cotangents(dy, y, den, eps: float):
 # The chunk-parallel design
 
 
-def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state):
+def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state, normalise=True):
     if forget is None:
         h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)
         base, final = _bases(ht, zt, state, return_state)
-        y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks)
+        y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks, normalise=normalise)
         return y, den, final
     b, s, _ = forget
     _, decay, _, total = chunk_factors(b, s, blocks.c, blocks.segments)
     h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, b, s)
     base, final = _decayed_bases(ht, zt, total, state, return_state)
-    y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks, (b, s, decay))
+    y, den = fwd_o.chunk_fwd_o(
+        fq, fk, v, h, z, base, eps, blocks, (b, s, decay), normalise=normalise
+    )
     return y, den, final
 
 
-def _chunk_backward(fq, fk, v, y, den, state, forget, dy, final_ct, blocks, eps):
+def _chunk_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks):
+    """The gradients from the row cotangents r = 1 / (den + eps) and delta = r (dY . y)
+    (:func:`row_cotangents`): ``(dphi(q), dphi(k), dv, dstate, db)``."""
     if forget is None:
         h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)  # recomputed: O(T D) residuals only
         base, _ = _bases(ht, zt, state, False)
-        r, delta = row_cotangents(dy, y, den, eps)
         dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks)
         dbase, dstate = _dbases(dht, dzt, final_ct, state is not None)
         dq, dk, dv = bwd_dqkv.chunk_bwd_grads(
@@ -272,7 +276,6 @@ def _chunk_backward(fq, fk, v, y, den, state, forget, dy, final_ct, blocks, eps)
     carry, decay, rdecay, total = chunk_factors(b, s, blocks.c, G)
     h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, b, s)
     base, _ = _decayed_bases(ht, zt, total, state, False)
-    r, delta = row_cotangents(dy, y, den, eps)
     dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks, b, s)
     dbase, dstate = _decayed_dbases(dht, dzt, total, final_ct, state is not None)
     out = bwd_dqkv.chunk_bwd_grads(
@@ -298,37 +301,60 @@ def _fused_forward(fq, fk, v, state, forget, blocks, eps, return_state):
     return fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state)
 
 
-def _fused_backward(fq, fk, v, y, den, state, forget, dy, final_ct, blocks, eps):
-    r, delta = row_cotangents(dy, y, den, eps)
+def _fused_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks):
     return (*fused_chunk.fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks), None)
 
 
 _DESIGNS = {CHUNK: (_chunk_forward, _chunk_backward), FUSED: (_fused_forward, _fused_backward)}
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _core(fq, fk, v, state, b, s, gated, design: str, blocks, eps: float, return_state: bool):
-    forget = None if b is None else (b, s, gated)
-    y, _, final = _DESIGNS[design][0](fq, fk, v, state, forget, blocks, eps, return_state)
+def _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk):
+    """``(y [B, T, H, Dp], den [B, H, T], final)``. With nk > 1 key blocks (fq, fk, state
+    folded into H nk heads, ``key_blocks``; v, b unfolded) the kernels run unnormalised on the
+    folded heads and the blocks' numerators and denominators are summed before the division."""
+    if nk == 1:
+        forget = None if b is None else (b, s, gated)
+        return _DESIGNS[design][0](fq, fk, v, state, forget, blocks, eps, return_state)
+    forget = None if b is None else (key_blocks.repeat_heads(b, nk, 2), s, gated)
+    vf = key_blocks.repeat_heads(v, nk, 2)
+    num, den, final = _chunk_forward(fq, fk, vf, state, forget, blocks, eps, return_state, False)
+    num = key_blocks.sum_heads(num, nk, 2)
+    den = key_blocks.sum_heads(den, nk, 1)
+    r = jnp.swapaxes(kernels.reciprocal(den, eps), 1, 2)[..., None]
+    return (num * r).astype(v.dtype), den, final
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def _core(fq, fk, v, state, b, s, gated, design: str, blocks, eps: float, return_state: bool, nk):
+    y, _, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
     return (y, final) if return_state else y
 
 
-def _core_fwd(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state):
-    forget = None if b is None else (b, s, gated)
-    y, den, final = _DESIGNS[design][0](fq, fk, v, state, forget, blocks, eps, return_state)
+def _core_fwd(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk):
+    y, den, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
     out = (y, final) if return_state else y
     return out, (fq, fk, v, y, den, state, b, s)
 
 
-def _core_bwd(gated, design, blocks, eps, return_state, residuals, ct):
+def _core_bwd(gated, design, blocks, eps, return_state, nk, residuals, ct):
     fq, fk, v, y, den, state, b, s = residuals
-    forget = None if b is None else (b, s, gated)
     dy, final_ct = ct if return_state else (ct, None)
+    dy = dy.astype(y.dtype)
+    r, delta = row_cotangents(dy, y, den, eps)
+    if nk > 1:  # every block reads the summed row cotangents (key_blocks)
+        r, delta = (key_blocks.repeat_heads(x, nk, 1) for x in (r, delta))
+        dy = key_blocks.repeat_heads(dy, nk, 2)
+        v = key_blocks.repeat_heads(v, nk, 2)
+        b = None if b is None else key_blocks.repeat_heads(b, nk, 2)
+    forget = None if b is None else (b, s, gated)
     dq, dk, dv, dstate, db = _DESIGNS[design][1](
-        fq, fk, v, y, den, state, forget, dy.astype(y.dtype), final_ct, blocks, eps
+        fq, fk, v, r, delta, state, forget, dy, final_ct, blocks
     )
+    if nk > 1:
+        dv = key_blocks.sum_heads(dv, nk, 2)
+        db = None if db is None else key_blocks.sum_heads(db, nk, 2)
     if b is not None and db is None:
-        db = jnp.zeros_like(b)
+        db = jnp.zeros_like(residuals[6])
     return dq, dk, dv, dstate, db, None
 
 
@@ -341,18 +367,27 @@ _core.defvjp(_core_fwd, _core_bwd)
 _LOGGED: set = set()
 
 
-def choose(kernel: str, B: int, T: int, H: int, D: int, c: int, dtype, forget: bool = False) -> str:
+def choose(
+    kernel: str, B: int, T: int, H: int, D: int, c: int, dtype, forget: bool = False,
+    nk: int = 1,
+) -> str:  # fmt: skip
     """The design behind ``kernel`` at this (padded) shape: ``pallas`` asks the cost model
     (``cost.choose``) and logs the choice once per shape; the explicit names are returned. With
-    forgetting (resets / decay gates) ``pallas`` is the chunk-parallel design, the only one that
-    takes them; the single pass is a one-line error."""
+    forgetting (resets / decay gates), or keys wider than the values (``nk`` > 1 key blocks, an
+    expanding feature map), ``pallas`` is the chunk-parallel design, the only one that takes
+    them; the single pass is a one-line error."""
     if kernel not in NAMES:
         raise ValueError(f"LT_chunked: unknown Pallas kernel {kernel!r}; valid: {', '.join(NAMES)}")
-    if forget:
+    if forget or nk > 1:
         if kernel == FUSED:
+            what = (
+                "attention.doc_reset / attention.decay"
+                if forget
+                else f"keys wider than the values ({nk} blocks: an expanding feature map)"
+            )
             raise NotImplementedError(
-                f"LT_chunked: kernel={FUSED!r} does not support attention.doc_reset / "
-                f"attention.decay yet; use kernel={CHUNK}, pallas, auto or xla"
+                f"LT_chunked: kernel={FUSED!r} does not support {what} yet; use "
+                f"kernel={CHUNK}, pallas, auto or xla"
             )
         return CHUNK
     if kernel != "pallas":
@@ -370,9 +405,10 @@ def choose(kernel: str, B: int, T: int, H: int, D: int, c: int, dtype, forget: b
 
 
 def problem(c: int, D: int) -> str | None:
-    """Why the kernels cannot run chunk size c at head dim D, or None: c must be a power of two
-    >= 16 (Triton block shapes), D at most 128 once padded. Every other (c, D), c = 16 ... T,
-    compiles without spills for the H100 (row tiles keep the registers independent of c)."""
+    """Why the kernels cannot run chunk size c at (value) head dim D, or None: c must be a power
+    of two >= 16 (Triton block shapes), D at most 128 once padded. Every other (c, D), c = 16
+    ... T, compiles without spills for the H100 (row tiles keep the registers independent of
+    c); keys of any width are blocks of D (``key_blocks``)."""
     bad = kernels.block_size_problem(c)
     if bad:
         return f"chunk_size={c} {bad}"
@@ -400,40 +436,39 @@ def chunked_attention(
 ):
     """Normalised causal linear attention by chunks of ``c``, fused; differentiable.
 
-    fq = phi(q), fk = phi(k), v: ``[B, T, H, D]`` (same dtype); any T (padded to a multiple of
-    c: zero features and values add nothing), any D (zero-padded to a power of two >= 16);
-    c a power of two >= 16. ``initial_state``: ``(S [B, H, D, D], z [B, H, D])`` float32 to
-    continue from (the decoder's prefill), differentiable too; ``return_final_state``: also
-    return the state after the T positions. ``kernel``: ``pallas`` (chosen by shape),
-    ``pallas_chunk`` or ``pallas_fused_chunk``. Forgetting (``linear.Forget``): ``log_gate``
-    float32 ``[B, T, H]`` (log gamma <= 0, differentiable) and / or ``resets`` bool ``[B, T]``
-    (a document starts here; a reset at position 0 drops ``initial_state``): the chunk-parallel
-    kernels only. Returns y ``[B, T, H, D]`` in fq's dtype (and the final state)."""
-    B, T, H, D = fq.shape
+    fq = phi(q), fk = phi(k) ``[B, T, H, Dk]`` and v ``[B, T, H, D]`` (same dtype); any T
+    (padded to a multiple of c: zero features and values add nothing), any D (zero-padded to a
+    power of two Dp >= 16), any Dk (keys wider than Dp run as NK blocks of Dp features folded
+    into the heads, ``key_blocks``); c a power of two >= 16. ``initial_state``: ``(S [B, H, Dk,
+    D], z [B, H, Dk])`` float32 to continue from (the decoder's prefill), differentiable too;
+    ``return_final_state``: also return the state after the T positions. ``kernel``:
+    ``pallas`` (chosen by shape), ``pallas_chunk`` or ``pallas_fused_chunk`` (square keys
+    only). Forgetting (``linear.Forget``): ``log_gate`` float32 ``[B, T, H]`` (log gamma <= 0,
+    differentiable) and / or ``resets`` bool ``[B, T]`` (a document starts here; a reset at
+    position 0 drops ``initial_state``): the chunk-parallel kernels only. Returns y ``[B, T,
+    H, D]`` in fq's dtype (and the final state)."""
+    B, T, H, Dk = fq.shape
+    D = v.shape[-1]
     check_chunk(c, D, kernel)
-    Dp = kernels.padded_head_dim(D)
+    Dp, nk = key_blocks.plan(Dk, D)
     pad_t = (-T) % c
     Tp = T + pad_t
 
-    def prep(x):
-        x = kernels.pad_head_dim(x.astype(fq.dtype), Dp)
+    def prep(x, keys: bool):
+        x = x.astype(fq.dtype)
+        x = key_blocks.fold_keys(x, nk, Dp) if keys else kernels.pad_head_dim(x, Dp)
         return jnp.pad(x, ((0, 0), (0, pad_t), (0, 0), (0, 0))) if pad_t else x
 
-    fq_p, fk_p, v_p = (prep(x) for x in (fq, fk, v))
+    fq_p, fk_p, v_p = prep(fq, True), prep(fk, True), prep(v, False)
     state = None
     if initial_state is not None:
-        S0, z0 = initial_state
-        w = Dp - D
-        state = (
-            jnp.pad(S0.astype(F32), ((0, 0), (0, 0), (0, w), (0, w))),
-            jnp.pad(z0.astype(F32), ((0, 0), (0, 0), (0, w))),
-        )
+        state = key_blocks.fold_state(*(x.astype(F32) for x in initial_state), nk, Dp)
     forget = log_gate is not None or resets is not None
-    design = choose(kernel, B, Tp, H, Dp, c, fq.dtype, forget)
+    design = choose(kernel, B, Tp, H, Dp, c, fq.dtype, forget, nk)
     if design == FUSED:
         blocks = fused_chunk.blocks(B, Tp, H, Dp, c)
     else:
-        blocks = plan_lib.blocks(B, Tp, H, Dp, c, forget=forget)
+        blocks = plan_lib.blocks(B, Tp, H * nk, Dp, c, forget=forget)
     b = s = None
     gated = False
     if forget:  # padded positions: gamma = 1, no reset (they follow T; their keys are zero)
@@ -442,10 +477,11 @@ def chunked_attention(
         if resets is not None and pad_t:
             resets = jnp.pad(resets, ((0, 0), (0, pad_t)))
         b, s, gated = forgetting(log_gate, resets, B, Tp, H, c)
-    out = _core(fq_p, fk_p, v_p, state, b, s, gated, design, blocks, float(eps), return_final_state)
+    out = _core(
+        fq_p, fk_p, v_p, state, b, s, gated, design, blocks, float(eps), return_final_state, nk
+    )
     y, final = out if return_final_state else (out, None)
     y = y[:, :T, :, :D]
     if not return_final_state:
         return y
-    S, z = final
-    return y, (S[:, :, :D, :D], z[:, :, :D])
+    return y, key_blocks.unfold_state(*final, H, Dk, D)
