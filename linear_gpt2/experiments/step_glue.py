@@ -68,15 +68,20 @@ POINTS: list[GluePoint] = [
 ]
 
 
+# "after": every glue kernel asked for by name (``auto`` keeps XLA's program until a GPU has
+# run them: kernels/choice.py); "before" is an older tree, which has no such options.
+AFTER_KERNELS = {f"{k}_kernel": "pallas" for k in ("layernorm", "mlp", "loss", "bias")}
+
+
 def spec(point: GluePoint, label: str) -> dict[str, Any]:
-    """What the compile worker builds: the model options of ``point`` (``label`` changes none:
-    "after" is the same configuration with this tree's defaults, ``auto`` choosing the kernels).
-    """
-    del label
+    """What the compile worker builds: the model options of ``point``, and for ``label``
+    "after" the glue kernels (:data:`AFTER_KERNELS`)."""
+    overrides = {"remat": point.remat, "loss_chunk": point.loss_chunk}
+    if label == "after":
+        overrides |= AFTER_KERNELS
     return {
         "attention": point.attention, "size": point.size, "context": point.context,
-        "batch": point.batch, "chunk_size": point.chunk_size,
-        "overrides": {"remat": point.remat, "loss_chunk": point.loss_chunk},
+        "batch": point.batch, "chunk_size": point.chunk_size, "overrides": overrides,
     }  # fmt: skip
 
 
