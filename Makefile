@@ -46,7 +46,8 @@ frontier: setup
 	$(PY) scripts/bench_step.py --target h100 $(ARGS)
 
 # Every table and number of README.md, docs/ and benchmarks/results/*.md, rendered from the raw
-# files beside them (linear_gpt2/experiments/reports). `make test` checks them (tests/test_reports.py).
+# files beside them (studies/common/ and each study's studies/*/report.py). `make test` checks
+# them (tests/test_reports.py).
 reports: setup
 	$(PY) scripts/render_reports.py
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from linear_gpt2 import attention
-from linear_gpt2.experiments import frontier
-from linear_gpt2.experiments import step_time as bench
 from linear_gpt2.platform import provenance
 from linear_gpt2.platform.memory import is_oom
+from studies.train_step import frontier
+from studies.train_step import step_time as bench
 from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
