@@ -327,8 +327,9 @@ def test_the_h100_store_key_is_the_one_the_gpu_computes(tmp_path):
     assert entry["key"] in store and entry["bytes"] > 0
 
     elsewhere = tmp_path / "checkout"
-    shutil.copytree(ROOT / "linear_gpt2", elsewhere / "linear_gpt2",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for package in ("linear_gpt2", "studies"):
+        shutil.copytree(ROOT / package, elsewhere / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     shutil.copy(tmp_path / "tests_key_program.py", elsewhere)
     env = {**os.environ, "PYTHONPATH": str(elsewhere)}
     r = subprocess.run([sys.executable, "-c", KEY_SCRIPT], capture_output=True, text=True,
