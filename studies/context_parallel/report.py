@@ -75,8 +75,11 @@ def frontier_table(raw: Raw) -> str:
 def page(raw: Raw) -> str:
     prov = provenance(raw.data)
     rows = _rows(raw)
+    # The page leads with its table; how it was compiled follows it.
     out = [
         "# Context parallelism compiled for H100 nodes",
+        "",
+        _table(rows),
         "",
         "**Compiled, not run.** Each `configs/long/` point's training step (clip + AdamW, bf16, "
         "one sequence per update, parameters sharded with `train.fsdp`) compiled on the CPU "
@@ -88,8 +91,6 @@ def page(raw: Raw) -> str:
         "(N-1)/N of K and V per layer for flash's ring; with rematerialisation the forward's "
         "exchange runs twice). No time here: links' speeds are the GPU's to measure. "
         f"jax {prov['jax']}, {_commits(rows)}.",
-        "",
-        _table(rows),
         "",
         "Per point, every collective of the step (bytes sent per device per step; `all`: every "
         "device of the mesh; `attention`: inside the attention's `shard_map` over `seq`):",

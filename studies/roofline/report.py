@@ -22,6 +22,10 @@ def _dash(x: Any, thousands: bool = False) -> str:
     return "-" if x is None else f"{x:,}" if thousands else str(x)
 
 
+def _what(prov: dict[str, Any]) -> str:
+    return "A model, not a measurement" if prov["how"] == "modelled" else how(prov)
+
+
 @renderer("roofline.page")
 def page(model: Raw, kernels: Raw) -> str:
     d, rows = model.data, kernels.data
@@ -29,8 +33,9 @@ def page(model: Raw, kernels: Raw) -> str:
     res = d["resources"]
     compiled = s.get("compiled", True)
     compiles = {c: isinstance(v, dict) for c, v in res.get("old", {}).items()}
-    lines = [
-        "# LT_chunked kernels on the H100: a roofline MODEL",
+    about = [
+        "",
+        "## How the model prices",
         "",
         ("**A model, not a measurement.**" if prov["how"] == "modelled" else f"**{how(prov)}.**")
         + " Lower-bound times computed from each "
@@ -48,6 +53,12 @@ def page(model: Raw, kernels: Raw) -> str:
         "",
         f"B={s['B']}, H={s['H']}, D={s['D']}, {s['dtype']}, {s['pass']}. jax {prov['jax']}, "
         f"commit {short(prov['commit'])}.",
+    ]
+    # The page leads with its table; how the model prices follows it.
+    lines = [
+        "# LT_chunked kernels on the H100: a roofline MODEL",
+        "",
+        f"**{_what(prov)}** (B={s['B']}, H={s['H']}, D={s['D']}, {s['pass']}; how it prices: below).",
         "",
         "## Totals (us): old single pass, chunk-parallel, single pass now",
         "",
@@ -66,6 +77,7 @@ def page(model: Raw, kernels: Raw) -> str:
     for c, ok in compiles.items():
         if not ok:
             lines += ["", f"\\* the old kernel at c={c} {res['old'][c]} (modelled anyway)."]
+    lines += about
     body = []
     for design in sorted(res):
         for c, kernels_ in sorted(res[design].items(), key=lambda kv: int(kv[0])):
@@ -207,8 +219,9 @@ def parallel_page(model: Raw, kernels: Raw) -> str:
     d, rows = model.data, kernels.data
     s, prov = d["meta"]["settings"], provenance(d)
     compiled = s.get("compiled", True)
-    lines = [
-        "# LT_attention_parallel kernels on the H100: a roofline MODEL",
+    about = [
+        "",
+        "## How the model prices",
         "",
         ("**A model, not a measurement.**" if prov["how"] == "modelled" else f"**{how(prov)}.**")
         + " Lower-bound times from each launch's FLOPs, compulsory HBM bytes, operand traffic "
@@ -235,6 +248,12 @@ def parallel_page(model: Raw, kernels: Raw) -> str:
         "which the old total would be the lower ('any': the tiled total is lower even with "
         "unbounded L2).",
     ]
+    # The page leads with its tables; how the model prices follows them.
+    lines = [
+        "# LT_attention_parallel kernels on the H100: a roofline MODEL",
+        "",
+        f"**{_what(prov)}** (B={s['B']}, H={s['H']}, c={s['c']}, {s['pass']}; how it prices: below).",
+    ]
     for D in sorted({r["D"] for r in d["summary"]}):
         at = [r for r in d["summary"] if r["D"] == D]
         lines += [
@@ -253,6 +272,7 @@ def parallel_page(model: Raw, kernels: Raw) -> str:
                 "rrrrrrrrrlll",
             ),
         ]  # fmt: skip
+    lines += about
     res = d["resources"]
     if res:
         body = []
