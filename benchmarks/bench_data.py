@@ -253,7 +253,7 @@ def merge_runs(paths: list[str]) -> dict:
 
 def write(result: dict, out: Path, before: dict, label: str, compare: str | None) -> dict:
     """``data_throughput.json`` (with ``meta``: how, environment) and the page rendered from it
-    (``studies.sample_time.report``)."""
+    (``studies.data_throughput.report``)."""
     from studies import common as reports
 
     rows = result["results"]

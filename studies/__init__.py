@@ -7,8 +7,8 @@ benchmarks/, the notebooks and the tests import them from the repository root.
 
 - :mod:`.train_step`: the training step's time against context (the post's timing figure), its
   memory compiled for the H100 (the frontier, the configs), and its time model;
-- :mod:`.sample_time`: milliseconds per sampled token, KV cache against recurrent state (and the
-  CPU pages: the data loader's throughput, the step's A/B);
+- :mod:`.sample_time`: milliseconds per sampled token, KV cache against recurrent state;
+- :mod:`.data_throughput`: the data loader's and the shards' validation's tokens per second;
 - :mod:`.mqar`: multi-query associative recall, the protocols and the report;
 - :mod:`.learning`: the context finding (loss against context, on CPU and GPU);
 - :mod:`.attention`: the attention ops' accuracy and memory, and the options table;

@@ -6,6 +6,7 @@ compiled for the H100, and its time modelled.
   ``benchmarks/compile_configs.py``, ``benchmarks/forget_memory.py``);
 - the model: :mod:`.step_model`, :mod:`.step_costs`, :mod:`.step_targets`
   (``benchmarks/step_model.py``);
-- reports: :mod:`.report` (step time), :mod:`.report_memory` (frontier, memory check, configs,
-  forgetting), :mod:`.report_model` (the model's page).
+- reports: :mod:`.report` (step time), :mod:`.report_ab` (the CPU A/B of two commits),
+  :mod:`.report_memory` (frontier, memory check, configs, forgetting), :mod:`.report_model`
+  (the model's page).
 """
