@@ -192,7 +192,7 @@ def test_notebooks_cite_only_files_in_the_repository():
         text = nb.read_text() + (ROOT / "notebooks" / "make_notebooks.py").read_text()
         assert not re.search(r"(?<![\w.])/(work|home|tmp|root|Users)/", text), nb.name
         for path in re.findall(
-            r"`((?:benchmarks|configs|docs|scripts|tests|linear_gpt2)/[^`* ]+)`", text
+            r"`((?:benchmarks|configs|docs|scripts|tests|linear_gpt2|studies)/[^`* ]+)`", text
         ):
             assert (ROOT / path).exists() or "*" in path or "{" in path, (nb.name, path)
 
