@@ -46,7 +46,8 @@ frontier: setup
 	$(PY) scripts/bench_step.py --target h100 $(ARGS)
 
 # Every table and number of README.md, docs/ and benchmarks/results/*.md, rendered from the raw
-# files beside them (linear_gpt2/experiments/reports). `make test` checks them (tests/test_reports.py).
+# files beside them (studies/common/ and each study's studies/*/report.py). `make test` checks
+# them (tests/test_reports.py).
 reports: setup
 	$(PY) scripts/render_reports.py
 
@@ -92,8 +93,9 @@ test-fast: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
 # The layers (pyproject.toml, [tool.importlinter]): platform -> kernels -> attention -> model ->
-# training -> experiments, no cycles. tests/test_layers.py runs the same check in CI.
-LINT_PATHS := linear_gpt2 scripts tests benchmarks docs/examples
+# training -> experiments, no cycles; the library imports no study, no study another.
+# tests/test_layers.py runs the same check in CI.
+LINT_PATHS := linear_gpt2 studies scripts tests benchmarks docs/examples
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     path = out / f"ab_step_time_{stem}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     sys.path.insert(0, str(REPO))
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     md = reports.page(
         out / f"ab_step_time_{stem}.md", reports.block("ab_step_time.page", path.name)

@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=None, help="write OUT.json and render OUT.md")
     a = p.parse_args(argv)
-    from linear_gpt2.experiments import reports
     from linear_gpt2.platform import provenance
+    from studies import common as reports
 
     rows = []
     with jax.default_matmul_precision("highest"):

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     print(json.dumps(result["rows"], indent=1))
     if a.out:
-        from linear_gpt2.experiments import reports
+        from studies import common as reports
 
         a.out.parent.mkdir(parents=True, exist_ok=True)
         path = a.out.with_suffix(".json")

@@ -253,8 +253,8 @@ def merge_runs(paths: list[str]) -> dict:
 
 def write(result: dict, out: Path, before: dict, label: str, compare: str | None) -> dict:
     """``data_throughput.json`` (with ``meta``: how, environment) and the page rendered from it
-    (``linear_gpt2.experiments.reports.cpu``)."""
-    from linear_gpt2.experiments import reports
+    (``studies.data_throughput.report``)."""
+    from studies import common as reports
 
     rows = result["results"]
     for r in rows.values():

@@ -31,9 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart", action="store_true")
     args = p.parse_args(argv)
 
-    from linear_gpt2.experiments import compile_step, frontier
+    from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform import provenance, target
     from linear_gpt2.training.config import load_config
+    from studies.train_step import frontier
 
     t = target.get(args.target)
     stem = args.stem or f"configs_{t.name}_compiled"
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(out: Path, stem: str, t, env: dict, rows: list[dict]) -> None:
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     meta = {
         "how": "compiled",

@@ -27,10 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from linear_gpt2.experiments import collectives, compile_step, reports  # noqa: E402
+from linear_gpt2.experiments import collectives, compile_step  # noqa: E402
 from linear_gpt2.model import count_params, init_params  # noqa: E402
 from linear_gpt2.platform import provenance  # noqa: E402
 from linear_gpt2.training.config import load_config  # noqa: E402
+from studies import common as reports  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "context_parallel_h100x8_compiled.json"

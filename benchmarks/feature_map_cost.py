@@ -45,10 +45,10 @@ def point_key(fm: str, T: int) -> str:
 def compile_point(fm: str, T: int) -> dict:
     from linear_gpt2.attention import feature_maps
     from linear_gpt2.experiments import compile_step, hlo_costs, step_costs
-    from linear_gpt2.experiments import step_model as sm
     from linear_gpt2.kernels import key_blocks
     from linear_gpt2.model.config import ModelConfig
     from linear_gpt2.training import memory_plan
+    from studies.train_step import step_model as sm
 
     fdim = MAPS[fm]
     cfg = ModelConfig.preset(
@@ -98,7 +98,7 @@ def _kernels(found) -> list[dict]:
 
 def cached(attention: str, T: int) -> dict | None:
     """A point of the step model's cache (compiled at its commit, measured on the H100)."""
-    from linear_gpt2.experiments import step_model as sm
+    from studies.train_step import step_model as sm
 
     costs = json.loads((RESULTS / "train_step_h100_costs_compiled.json").read_text())
     model = json.loads((RESULTS / "train_step_h100_model.json").read_text())
@@ -127,8 +127,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     kernel_report.enable_ptxas_log()  # before JAX starts: registers and spills from ptxas
 
-    from linear_gpt2.experiments import reports
     from linear_gpt2.platform import provenance
+    from studies import common as reports
 
     path = args.out / f"{STEM}.json"
     data = {"meta": {}, "points": {}, "cached": {}}

@@ -20,10 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2.experiments import compile_step, reports  # noqa: E402
+from linear_gpt2.experiments import compile_step  # noqa: E402
 from linear_gpt2.model.config import ModelConfig  # noqa: E402
 from linear_gpt2.platform import provenance
 from linear_gpt2.platform.memory import GiB  # noqa: E402
+from studies import common as reports  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {

@@ -53,9 +53,9 @@ def measure(point: dict, repeats: int) -> dict:
     import jax
     import numpy as np
 
-    from linear_gpt2.experiments import step_time as bench
     from linear_gpt2.platform import provenance
     from linear_gpt2.platform.memory import compiled_memory
+    from studies.train_step import step_time as bench
 
     overrides = {"remat": point["remat"], "loss_chunk": point["loss_chunk"]}
     cfg = bench.model_config(
@@ -106,7 +106,7 @@ def measure(point: dict, repeats: int) -> dict:
 
 
 def page_template(stem: str) -> str:
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     return "\n".join([
         "# Compiled memory vs the real GPU's peak (measured on the device)",
@@ -119,7 +119,7 @@ def page_template(stem: str) -> str:
 def write(out: Path, stem: str, rows: list[dict], repeats: int) -> None:
     """``STEM.json`` (``meta``: how, the first point's environment and allocator, the steps
     timed; ``rows``) and ``STEM.md`` rendered from it."""
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     # Every point's process reports them; they are the same machine, so the file keeps one.
     envs = [r.pop("environment", None) for r in rows]

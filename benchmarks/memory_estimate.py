@@ -64,8 +64,8 @@ def run_config(file: str, overrides=(), target: str = "h100x8"):
 def points(results: Path):
     """(group, source file, its commit, point name, target, model config, StepShape, compiled
     bytes) for every compiled candidate the raw files record."""
-    from linear_gpt2.experiments.step_time import model_config
     from linear_gpt2.training.memory_plan import StepShape
+    from studies.train_step.step_time import model_config
 
     post = json.loads((results / "configs_h100x8_compiled.json").read_text())
     commit = post["meta"]["environment"]["git_commit"]
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     out = {"meta": meta, "summary": summary, "plans": plans, "rows": rows, "fresh": fresh}
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1, default=list) + "\n")
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     md = reports.page(
         args.out / f"{STEM}.md", reports.block("memory_estimate.page", f"{STEM}.json")

@@ -43,7 +43,7 @@ SIZE, ATTENTION, CHUNK = "124M", "LT_chunked", 64
 def stacking(rows: list[dict]) -> dict[str, float]:
     """Bytes and launches of the kernels that only fill or copy the scan's stacked buffers
     (``step_targets.NO_SCAN_STACKING``'s rows)."""
-    from linear_gpt2.experiments import step_model as sm
+    from studies.train_step import step_model as sm
 
     picked = [r for r in rows if sm.is_memory(r) and (
         r.get("role") == "fill" or r.get("role") == "copy" and r["part"] == "saved activations")]  # fmt: skip
@@ -54,11 +54,11 @@ def stacking(rows: list[dict]) -> dict[str, float]:
 def compile_variant(context: int, loss_chunk: int, remat: str, switches: dict) -> dict:
     from linear_gpt2.experiments import hlo_costs, step_costs
     from linear_gpt2.experiments.compile_step import mesh
-    from linear_gpt2.experiments.step_time import model_config
     from linear_gpt2.platform.target import compile_program, get
     from linear_gpt2.training.config import TrainConfig
     from linear_gpt2.training.optim import optimizer
     from linear_gpt2.training.train_step import jit_train_step
+    from studies.train_step.step_time import model_config
 
     t = get("h100")
     cfg = model_config(SIZE, ATTENTION, context, chunk_size=CHUNK, remat=remat,
@@ -76,7 +76,7 @@ def compile_variant(context: int, loss_chunk: int, remat: str, switches: dict) -
 
 
 def summarize(entry: dict, params) -> dict:
-    from linear_gpt2.experiments import step_model as sm
+    from studies.train_step import step_model as sm
 
     rows = entry["rows"]
     return {
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--restart", action="store_true")
     args = ap.parse_args(argv)
-    from linear_gpt2.experiments import step_model as sm
     from linear_gpt2.platform.provenance import environment
+    from studies.train_step import step_model as sm
 
     path = args.out / f"{STEM}.json"
     cache = {} if args.restart or not path.exists() else json.loads(path.read_text())["compiled"]
@@ -142,7 +142,7 @@ def _write(path: Path, out: Path, cache: dict, params, model: dict, env: dict) -
     }  # fmt: skip
     path.write_text(json.dumps({"meta": meta, "points": points, "compiled": cache}, indent=1)
                     + "\n")  # fmt: skip
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     reports.page(out / f"{STEM}.md", reports.block("model_switches.page", f"{STEM}.json"))
 

@@ -172,7 +172,7 @@ def probe(p: dict, L: int, N: int, examples: int = 32, vocab_size: int = 8192, *
 
 def markdown(results: list[dict]) -> str:
     """One column per probed run, one row per statistic."""
-    from linear_gpt2.experiments.reports.mqar import probe_table
+    from studies.mqar.report import probe_table
 
     return probe_table(results) + "\n"
 
@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"run": str(run), "label": label, "step": step, **stats})
     print(markdown(results))
     if a.out:
-        from linear_gpt2.experiments import reports
         from linear_gpt2.platform import provenance
+        from studies import common as reports
 
         meta = {
             "how": "measured",

@@ -132,7 +132,7 @@ def write_meta(args: argparse.Namespace, root: Path, torch_version: str) -> None
 def table(args: argparse.Namespace) -> int:
     """Render ``--table MD`` from ``--out`` and its ``.meta.json`` (``linear_gpt2`` reports)."""
     sys.path.insert(0, str(REPO))
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     md, out = Path(args.table), Path(args.out)
     if not meta_path(out).is_file():

@@ -206,7 +206,7 @@ def parallel_json(summary, picks, env, resources, compiled: bool) -> dict:
 def write_results(out: Path, stem: str, renderer: str, rows, model: dict) -> tuple[Path, ...]:
     """``stem``.csv (the rows), ``stem``.json (the model) and the page ``renderer`` makes of
     them, under ``out``; the LT_chunked files too (``roofline.py``)."""
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     out.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"

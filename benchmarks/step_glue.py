@@ -40,12 +40,12 @@ def _worker(spec: dict, out: Path) -> None:
     """Compile one point with the ``linear_gpt2`` first on ``sys.path``; write its optimized HLO
     text and memory to ``out``. Uses only APIs that main and this branch share."""
     from linear_gpt2.experiments.compile_step import mesh
-    from linear_gpt2.experiments.step_time import model_config
     from linear_gpt2.platform.provenance import environment
     from linear_gpt2.platform.target import compile_program, get
     from linear_gpt2.training.config import TrainConfig
     from linear_gpt2.training.optim import optimizer
     from linear_gpt2.training.train_step import jit_train_step
+    from studies.train_step.step_time import model_config
 
     t = get("h100")
     cfg = model_config(spec["size"], spec["attention"], spec["context"],
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
         _worker(json.loads(args.worker), args.out)
         return 0
     sys.path.insert(0, str(REPO))
-    from linear_gpt2.experiments import step_glue
     from linear_gpt2.platform.provenance import environment
+    from studies.train_step import step_glue
 
     path = args.out / COSTS
     costs = json.loads(path.read_text()) if path.exists() else {"meta": {}, "points": {}}
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                   "commit": model["meta"]["environment"].get("git_commit")},
     }  # fmt: skip
     (args.out / f"{STEM}.json").write_text(json.dumps(result, indent=1) + "\n")
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     md = reports.page(args.out / f"{STEM}.md", reports.block("step_glue.page", f"{STEM}.json"))
     print(f"wrote {args.out / f'{STEM}.json'}, {md}")

@@ -29,10 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linear_gpt2.experiments import step_costs, step_targets  # noqa: E402
-from linear_gpt2.experiments import step_model as sm  # noqa: E402
 from linear_gpt2.platform import cli  # noqa: E402
 from linear_gpt2.platform.provenance import environment  # noqa: E402
+from studies.train_step import (
+    step_costs,  # noqa: E402
+    step_targets,  # noqa: E402
+)
+from studies.train_step import step_model as sm  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COSTS = "train_step_h100_costs_compiled.json"
@@ -213,7 +216,7 @@ def _main(argv) -> int:
         },
     }  # fmt: skip
     (args.out / f"{STEM}.json").write_text(json.dumps(result, indent=1) + "\n")
-    from linear_gpt2.experiments import reports
+    from studies import common as reports
 
     md = reports.page(args.out / f"{STEM}.md", reports.block("step_model.page", f"{STEM}.json"))
     f = result["fit"]

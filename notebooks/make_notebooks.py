@@ -64,7 +64,7 @@ print(STEP_TIME_RESULTS, SAMPLE_TIME_RESULTS)
         """\
 import json
 from linear_gpt2.experiments import axes, plots
-from linear_gpt2.experiments import step_time as bench
+from studies.train_step import step_time as bench
 
 data = bench.read_results(STEP_TIME_RESULTS)
 results = data["results"]
@@ -101,8 +101,8 @@ for size in sizes:
         """\
 # README.md's table, by the renderer that writes it (ours / the post's), for README's own file.
 if Path(STEP_TIME_RESULTS) == RESULTS / "step_time_h100_124M_flash_LT_chunked.json":
-    from linear_gpt2.experiments.reports import core as reports
-    from linear_gpt2.experiments.reports import step_time as step_time_report
+    from studies.common import core as reports
+    from studies.train_step import report as step_time_report
 
     raws = [reports.Raw(p.name, reports.load(p))
             for p in (Path(STEP_TIME_RESULTS), RESULTS / "published_post.json")]
@@ -283,8 +283,8 @@ print(MQAR_RESULTS, CONTEXT_RUNS)
     ),
     new_code_cell(
         """\
-from linear_gpt2.experiments import mqar
-from linear_gpt2.experiments.reports import mqar as mqar_report
+from studies.mqar import mqar
+from studies.mqar import report as mqar_report
 
 report = mqar.read_report(MQAR_RESULTS)
 rows = report["rows"]
@@ -335,8 +335,8 @@ if runs:
     print(f"{len(runs)} runs: " + ", ".join(r.name for r in runs))
     display(Markdown(runs_lib.context_table_markdown(table)))
 else:
-    from linear_gpt2.experiments.reports import core as reports
-    from linear_gpt2.experiments.reports import learning as learning_report
+    from studies.common import core as reports
+    from studies.learning import report as learning_report
 
     csv = RESULTS / "context_cpu.csv"
     print(f"No runs in {CONTEXT_RUNS}: python scripts/sweep.py configs/sweeps/context_cpu.yaml "

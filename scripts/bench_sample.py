@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2.experiments import step_time as bench
     from linear_gpt2.platform import provenance
+    from studies.train_step import step_time as bench
 
     p = cli.ArgumentParser(
         prog="scripts/bench_sample.py",
@@ -58,7 +58,8 @@ def _main(argv: list[str]) -> int:
     from linear_gpt2.training import distributed
 
     distributed.initialize()  # a missing device is one line, not a JAX traceback
-    from linear_gpt2.experiments import plots, sample_time
+    from linear_gpt2.experiments import plots
+    from studies.sample_time import sample_time
 
     sizes = args.sizes or (["tiny"] if args.tiny else ["124M"])
     contexts = args.contexts or (

@@ -42,9 +42,10 @@ from linear_gpt2.platform import cli  # noqa: E402  (before JAX: it sets XLA's l
 
 # isort: split
 from linear_gpt2 import attention  # noqa: E402
-from linear_gpt2.experiments import frontier, plots  # noqa: E402
-from linear_gpt2.experiments import step_time as bench  # noqa: E402
+from linear_gpt2.experiments import plots  # noqa: E402
 from linear_gpt2.platform import provenance  # noqa: E402
+from studies.train_step import frontier  # noqa: E402
+from studies.train_step import step_time as bench  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -25,9 +25,9 @@ every unit the results are merged into ``--results`` (``*_<device>_measured.*``)
 ``<device>`` is ``h100`` or ``h200``: an H200's figures go to files of their own.
 
 ``--compile-here`` compiles the steps of the window (``--window``) for the H100 on this
-machine into the store the GPU's step units load from (``gpu_check/compiled.py``), then prints
+machine into the store the GPU's step units load from (``studies/gpu_check/compiled.py``), then prints
 the carried bundle against the 64 MiB limit and JAX's cache-key fields here beside the last
-GPU run's. ``--unpack FILE`` merges a window's archive back (``gpu_check/back.py``).
+GPU run's. ``--unpack FILE`` merges a window's archive back (``studies/gpu_check/back.py``).
 
 Without a CUDA GPU (and without ``--tiny`` / ``--dry-run`` / ``--compile-here`` /
 ``--unpack``) it says so in one line and exits 1.
@@ -93,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     t0 = time.monotonic()
-    from linear_gpt2.experiments.gpu_check import host, runner, stages
-    from linear_gpt2.experiments.gpu_check.plan import WINDOW_LIMIT_S, windows
     from linear_gpt2.platform.provenance import REPO
+    from studies.gpu_check import host, runner, stages
+    from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
 
     args = parse_args(argv)
     if args.unpack:
-        from linear_gpt2.experiments.gpu_check import back
+        from studies.gpu_check import back
 
         default = args.results.resolve() == (REPO / "benchmarks" / "results").resolve()
         back.merge_back(args.unpack, args.results, args.runs or REPO / host.RUNS,
@@ -137,8 +137,8 @@ def _main(argv: list[str]) -> int:
 
 
 def _pick(wins, done, which: str):
-    from linear_gpt2.experiments.gpu_check.plan import next_window
     from linear_gpt2.platform.errors import UsageError
+    from studies.gpu_check.plan import next_window
 
     if which == "next":
         return next_window(wins, done)
@@ -150,7 +150,7 @@ def _pick(wins, done, which: str):
 
 
 def _run_window(args, plan, window, run_dir, env, dev, store, target, t0) -> int:
-    from linear_gpt2.experiments.gpu_check import collect, host
+    from studies.gpu_check import collect, host
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record = {"window": window.number, "device_kind": env.get("device_kind"), "device": dev,
@@ -197,14 +197,14 @@ def _run_window(args, plan, window, run_dir, env, dev, store, target, t0) -> int
 
 
 def runner_done(run_dir, plan):
-    from linear_gpt2.experiments.gpu_check import runner
+    from studies.gpu_check import runner
 
     return runner.done_units(run_dir, plan)
 
 
 def _write_record(run_dir: Path, record: dict) -> None:
     """``windows.jsonl``: this window's line replaced in place (one per window run)."""
-    from linear_gpt2.experiments.gpu_check.collect import WINDOWS
+    from studies.gpu_check.collect import WINDOWS
 
     path = run_dir / WINDOWS
     lines = path.read_text().splitlines() if path.is_file() else []
@@ -214,8 +214,8 @@ def _write_record(run_dir: Path, record: dict) -> None:
 
 
 def _dry_run(plan, wins, done, results: Path, run_dir: Path) -> str:
-    from linear_gpt2.experiments.gpu_check import collect
-    from linear_gpt2.experiments.gpu_check.plan import dry_run_text
+    from studies.gpu_check import collect
+    from studies.gpu_check.plan import dry_run_text
 
     last = None
     path = results / f"gpu_check_{plan.device}_measured.json"
@@ -230,8 +230,8 @@ def _dry_run(plan, wins, done, results: Path, run_dir: Path) -> str:
 
 def compile_here(args, plan, wins, done, store_dir: Path, target: str) -> int:
     """The window's steps compiled for ``target`` into the store; the bundle; the key fields."""
-    from linear_gpt2.experiments.gpu_check import compiled, host
     from linear_gpt2.platform.errors import UsageError
+    from studies.gpu_check import compiled, host
 
     if os.environ.get("XLA_FLAGS") and not args.tiny:
         raise UsageError(f"XLA_FLAGS={os.environ['XLA_FLAGS']!r} is set: the steps would be "
@@ -283,8 +283,8 @@ def compile_here(args, plan, wins, done, store_dir: Path, target: str) -> int:
 def _write_compile_record(results: Path, window, target, budget, entries, fields, source) -> Path:
     """``compile_here_<target>_compiled.json``: what was compiled for the window, the bundle
     that carries it, and JAX's key fields here beside the last GPU run's (docs/results.md)."""
-    from linear_gpt2.experiments.gpu_check import back, compiled, host
     from linear_gpt2.platform import provenance
+    from studies.gpu_check import back, compiled, host
 
     env = provenance.environment()
     env["device_kind"] = f"{compiled.target_kind(target)} (compiled for, deviceless; no GPU here)"
@@ -304,21 +304,21 @@ def _write_compile_record(results: Path, window, target, budget, entries, fields
 
 
 def plan_known(args, store_dir: Path):
-    from linear_gpt2.experiments.gpu_check.known import Known
+    from studies.gpu_check.known import Known
 
     return Known(args.results, "tiny_cpu" if args.tiny else "h100", store=store_dir)
 
 
 def _replan(args, store_dir: Path, number: int):
-    from linear_gpt2.experiments.gpu_check import stages
-    from linear_gpt2.experiments.gpu_check.plan import WINDOW_LIMIT_S, windows
+    from studies.gpu_check import stages
+    from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
 
     plan = stages.build(args.results, tiny=args.tiny, store=store_dir).select(args.only, args.skip)
     return windows(plan, args.time_limit or WINDOW_LIMIT_S)[number - 1]
 
 
 def bundle_text(store_dir: Path) -> str:
-    from linear_gpt2.experiments.gpu_check import host
+    from studies.gpu_check import host
 
     sizes = host.bundle_sizes()
     total = sum(sizes.values())

@@ -10,7 +10,7 @@
 
 The protocols are the sweeps ``configs/sweeps/mqar_zoology.yaml`` and ``mqar_rebased.yaml`` (one
 run per attention: softmax, LT_chunked with softplus and elu+1, LT_chunked + decay gate; see
-``linear_gpt2/experiments/mqar.py``). They run through the sweep runner (each point a subprocess unless
+``studies/mqar/mqar.py``). They run through the sweep runner (each point a subprocess unless
 ``--in-process``; finished runs are skipped, so an interrupted call continues), then
 ``NAME.{csv,json,md,png}`` (default ``benchmarks/results/mqar_cpu``) are written from every run
 directory of the sweeps: our final held-out accuracy per attention and length beside the
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from linear_gpt2.experiments import mqar
     from linear_gpt2.experiments import sweep as sweep_lib
     from linear_gpt2.platform import provenance
+    from studies.mqar import mqar
 
     args = parse_args(argv)
     if args.sweep:

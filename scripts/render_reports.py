@@ -6,7 +6,7 @@ files it names (JSON, JSONL, CSV beside it).
     python scripts/render_reports.py --check    # write nothing; exit 1 listing each that differs
 
 A block is ``<!-- generated: RENDERER [key=value ...] RAW ... -->`` ... ``<!-- end generated -->``
-(``linear_gpt2/experiments/reports/core.py``); text outside the blocks is left alone.
+(``studies/common/core.py``); text outside the blocks is left alone.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--check", action="store_true", help="compare only; exit 1 if a block differs")
     p.add_argument("--root", type=Path, default=REPO, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from linear_gpt2.experiments import reports
-    from linear_gpt2.experiments.reports import core
+    from studies import common as reports
+    from studies.common import core
 
     if args.check:
         differ = reports.check(args.root)

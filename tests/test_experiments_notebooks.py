@@ -192,7 +192,7 @@ def test_notebooks_cite_only_files_in_the_repository():
         text = nb.read_text() + (ROOT / "notebooks" / "make_notebooks.py").read_text()
         assert not re.search(r"(?<![\w.])/(work|home|tmp|root|Users)/", text), nb.name
         for path in re.findall(
-            r"`((?:benchmarks|configs|docs|scripts|tests|linear_gpt2)/[^`* ]+)`", text
+            r"`((?:benchmarks|configs|docs|scripts|tests|linear_gpt2|studies)/[^`* ]+)`", text
         ):
             assert (ROOT / path).exists() or "*" in path or "{" in path, (nb.name, path)
 
@@ -336,7 +336,7 @@ def test_plot_runs_script(tmp_path):
 
 
 def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
-    from linear_gpt2.experiments import mqar
+    from studies.mqar import mqar
 
     rows = mqar.read_report(FIXTURES / "mqar_cpu.json")["rows"]
     meta = {"machine": "the 2-core CPU machine", "note": "test", "notes": ["one", "two"]}
@@ -359,7 +359,7 @@ def test_mqar_report_puts_ours_beside_the_published_numbers(tmp_path, capsys):
 
 
 def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path, capsys):
-    from linear_gpt2.experiments import mqar
+    from studies.mqar import mqar
 
     rows = mqar.read_report(FIXTURES / "mqar_cpu.json")["rows"]
     first = rows[0]
@@ -446,9 +446,9 @@ def test_mqar_report_counts_the_test_examples_the_evaluation_read(
 ):
     """The report's 'test examples' is what the trainer's evaluation read (log.eval_batches
     batches of one update's sequences from the validation loader), not the split's size."""
-    from linear_gpt2.experiments import mqar
     from linear_gpt2.training import data as data_lib
     from linear_gpt2.training.config import load_config
+    from studies.mqar import mqar
 
     overrides = [
         f"data.context={context}",

@@ -1,4 +1,4 @@
-"""``make gpu-check`` (scripts/gpu_check.py, linear_gpt2/experiments/gpu_check/) without a GPU:
+"""``make gpu-check`` (scripts/gpu_check.py, studies/gpu_check/) without a GPU:
 the windows (each within its limit, window 1 the headline, a shorter limit smaller windows), the
 one-line refusal on a machine without a GPU, a whole window's CPU path on tiny shapes with its
 steps compiled into a store here and loaded by the units (pack, unpack and merge, reports;
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from linear_gpt2.experiments import reports
-from linear_gpt2.experiments.gpu_check import (
+from linear_gpt2.platform.errors import UsageError
+from studies import common as reports
+from studies.gpu_check import (
     compiled,
     host,
     learning,
@@ -31,7 +32,6 @@ from linear_gpt2.experiments.gpu_check import (
     stages,
     testfiles,
 )
-from linear_gpt2.platform.errors import UsageError
 from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_windows_fit_their_limit_and_window_one_is_the_headline(tmp_path):
     for name, t in (("1k", 1024), ("4k", 4096), ("16k", 16384), ("64k", 65536)):
         argv = _argv(units[("step", f"124M_{name}")])
         assert f"--contexts {t} --attentions flash LT_chunked" in argv, argv
-        assert argv.startswith("-m linear_gpt2.experiments.gpu_check.compiled scripts/bench_step")
+        assert argv.startswith("-m studies.gpu_check.compiled scripts/bench_step")
         assert int(re.search(r"--repeats (\d+)", argv)[1]) >= 5
     assert "--B 1 --H 12 --D 64 --Ts 4096 16384 65536" in _argv(units[("kernels", "ours_1x12x64")])
     assert "--peer fla" in _argv(units[("kernels", "fla_1x12x64")])
@@ -289,7 +289,7 @@ def test_tiny_window_compiled_here_run_packed_resumed_and_unpacked(tmp_path):
 KEY_SCRIPT = textwrap.dedent("""
     import json, sys
     import linear_gpt2
-    from linear_gpt2.experiments.gpu_check import compiled
+    from studies.gpu_check import compiled
     from tests_key_program import program
     print("KEY " + compiled.jax_key(compiled.lower_for(*program(), "h100")))
     print("FROM " + compiled.__file__)
@@ -297,7 +297,7 @@ KEY_SCRIPT = textwrap.dedent("""
 KEY_PROGRAM = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from linear_gpt2 import attention
-    from linear_gpt2.experiments.gpu_check import compiled
+    from studies.gpu_check import compiled
 
     def program():
         fn = attention.get("LT_chunked", kernel="pallas", chunk_size=16)
@@ -327,8 +327,9 @@ def test_the_h100_store_key_is_the_one_the_gpu_computes(tmp_path):
     assert entry["key"] in store and entry["bytes"] > 0
 
     elsewhere = tmp_path / "checkout"
-    shutil.copytree(ROOT / "linear_gpt2", elsewhere / "linear_gpt2",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for package in ("linear_gpt2", "studies"):
+        shutil.copytree(ROOT / package, elsewhere / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     shutil.copy(tmp_path / "tests_key_program.py", elsewhere)
     env = {**os.environ, "PYTHONPATH": str(elsewhere)}
     r = subprocess.run([sys.executable, "-c", KEY_SCRIPT], capture_output=True, text=True,
@@ -351,8 +352,8 @@ def test_the_h100_store_key_is_the_one_the_gpu_computes(tmp_path):
 def test_compile_ab_without_loaded_steps_says_what_its_ratio_is():
     """On a card the store was not compiled for (an H200), no step is loaded: the page must not
     call the step unit's column 'loaded'."""
-    from linear_gpt2.experiments.reports import gpu_check as page
-    from linear_gpt2.experiments.reports.core import Raw
+    from studies.common.core import Raw
+    from studies.gpu_check import report as page
 
     row = {"attention": "flash", "size": "124M", "context": 4096, "chunk_size": None,
            "loaded_ms": 21.96, "compiled_there_ms": 21.66, "ratio": 21.96 / 21.66}  # fmt: skip

@@ -1,7 +1,8 @@
 """The library's layers hold: import-linter's contracts in pyproject.toml (platform -> kernels ->
 attention -> model -> training -> experiments, no cycles between the modules of a package, flash's
-kernels apart from the linear ones) are kept, and they are not vacuous: an upward import or a
-cycle breaks them. Importing the library changes nothing in the process."""
+kernels apart from the linear ones, the library imports no study, the studies import no other
+study) are kept, and they are not vacuous: an upward import, a cycle, the library importing a
+study or a study another breaks them. Importing the library changes nothing in the process."""
 
 from __future__ import annotations
 
@@ -25,13 +26,11 @@ def _lint(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_layer_contracts_are_kept():
     proc = _lint(ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "3 kept, 0 broken" in proc.stdout
+    assert "5 kept, 0 broken" in proc.stdout
 
 
 def test_an_upward_import_and_a_cycle_break_them(tmp_path):
-    shutil.copytree(ROOT / "linear_gpt2", tmp_path / "linear_gpt2",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    _copy(tmp_path)
     flops = tmp_path / "linear_gpt2" / "model" / "flops.py"
     flops.write_text(flops.read_text() + "\nfrom linear_gpt2.training import trainer  # noqa\n")
     loss = tmp_path / "linear_gpt2" / "model" / "loss.py"
@@ -39,8 +38,38 @@ def test_an_upward_import_and_a_cycle_break_them(tmp_path):
     flops.write_text(flops.read_text() + "\nfrom linear_gpt2.model import loss as _l  # noqa\n")
     proc = _lint(tmp_path)
     assert proc.returncode != 0
-    assert "1 kept, 2 broken" in proc.stdout, proc.stdout[-3000:]
+    assert "3 kept, 2 broken" in proc.stdout, proc.stdout[-3000:]
     assert "linear_gpt2.model.flops -> linear_gpt2.training.trainer" in proc.stdout
+
+
+def _copy(tmp_path: Path) -> Path:
+    for package in ("linear_gpt2", "studies"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+
+
+def test_the_library_importing_a_study_and_a_study_another_break_them(tmp_path):
+    """The studies' contracts: the library never imports studies/, a study never another (but
+    through the GPU command above them), the report machinery (studies.common) no study."""
+    root = _copy(tmp_path)
+    _append(root / "linear_gpt2" / "experiments" / "runs.py", "from studies.common import core")
+    _append(root / "studies" / "mqar" / "mqar.py", "from studies.train_step import step_time")
+    _append(root / "studies" / "common" / "fmt.py", "from studies.learning import report")
+    proc = _lint(root)
+    assert proc.returncode != 0
+    assert "3 kept, 2 broken" in proc.stdout, proc.stdout[-3000:]
+    for imported in (
+        "linear_gpt2.experiments.runs -> studies.common.core",
+        "studies.mqar.mqar -> studies.train_step.step_time",
+        "studies.common.fmt -> studies.learning.report",
+    ):
+        assert imported in proc.stdout, (imported, proc.stdout[-3000:])
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """References that cannot go stale: every repository file and every module path that README.md,
-docs/, configs/, pyproject.toml and the docstrings of the package, scripts/ and benchmarks/ name
-exists.
+docs/, configs/, pyproject.toml and the docstrings of the package, studies/, scripts/ and
+benchmarks/ name exists.
 
 A file reference is a path with a known suffix (``.py``, ``.md``, ``.yaml``, ``.json``, ...) or a
 folder of the repository (``linear_gpt2/kernels/flash/``); it resolves against the repository,
@@ -9,8 +9,8 @@ package folders above a naming module, or a config folder (a sweep file's ``../p
 A bare ``.py`` name resolves anywhere in the repository; other bare names (``done.json``,
 ``config.yaml``) are mostly files a program writes, and placeholders (``STEM.json``,
 ``RUN_DIR/...``, ``my_lab/...``) and outputs (``runs/``, ``data/``) are not files of the
-repository: neither is checked. A module path is a dotted name starting with ``linear_gpt2.`` or
-with one of its subpackages (``attention.schema``, ``kernels.forget.Forget``): its longest
+repository: neither is checked. A module path is a dotted name starting with ``linear_gpt2.``,
+``studies.`` or with one of the package's subpackages (``attention.schema``, ``kernels.forget.Forget``): its longest
 prefix that is a module must exist, and the next name must be defined at that module's top
 level. A config key (``attention.chunk_size``, ``model.remat``) is not a module path. Paths into
 other projects (flash-linear-attention's ``fla/ops/...``, JAX's sources, the papers'
@@ -27,9 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "linear_gpt2"
+STUDIES = ROOT / "studies"
 SUBPACKAGES = tuple(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
 SUFFIXES = ("py", "md", "yaml", "yml", "json", "jsonl", "csv", "toml", "ipynb", "tiktoken")
-TOP = ("linear_gpt2", "scripts", "benchmarks", "docs", "configs", "tests", "notebooks")
+TOP = ("linear_gpt2", "studies", "scripts", "benchmarks", "docs", "configs", "tests", "notebooks")
 
 # Paths into other projects, named as they are there (not files of this repository).
 ELSEWHERE = (
@@ -54,7 +55,7 @@ FILE = re.compile(
 )
 FOLDER = re.compile(r"(?<![\w./\-])((?:" + "|".join(TOP) + r")/(?:[\w\-]+/)*)(?![\w*<{])")
 MODULE = re.compile(
-    r"(?<![\w.])((?:linear_gpt2|" + "|".join(SUBPACKAGES) + r")(?:\.[A-Za-z_]\w*)+)"
+    r"(?<![\w.])((?:linear_gpt2|studies|" + "|".join(SUBPACKAGES) + r")(?:\.[A-Za-z_]\w*)+)"
 )
 
 
@@ -96,7 +97,13 @@ def sources() -> list[tuple[Path, str]]:
     out = [(p, p.read_text()) for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]]
     out += [(p, p.read_text()) for p in sorted((ROOT / "configs").rglob("*.yaml"))]
     out.append((ROOT / "pyproject.toml", (ROOT / "pyproject.toml").read_text()))
-    for folder in (PACKAGE, ROOT / "scripts", ROOT / "benchmarks", ROOT / "docs" / "examples"):
+    for folder in (
+        PACKAGE,
+        STUDIES,
+        ROOT / "scripts",
+        ROOT / "benchmarks",
+        ROOT / "docs" / "examples",
+    ):
         for path in sorted(folder.rglob("*.py")):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
@@ -129,7 +136,11 @@ def file_exists(ref: str, where: Path) -> bool:
     bases = [ROOT, where.parent, PACKAGE, *(PACKAGE / s for s in SUBPACKAGES)]
     bases += [p for p in (ROOT / "configs").iterdir() if p.is_dir()]
     if where.suffix == ".py":
-        bases += [p for p in where.parents if p == PACKAGE or PACKAGE in p.parents]
+        bases += [
+            p
+            for p in where.parents
+            if p in (PACKAGE, STUDIES) or {PACKAGE, STUDIES} & set(p.parents)
+        ]
     if any((b / ref).exists() for b in bases):
         return True
     return "/" not in ref and ref in basenames()
@@ -159,7 +170,7 @@ def module_exists(ref: str) -> bool:
     """Whether the dotted ``ref`` names a module of the package and, after it, a name that
     module defines (deeper attributes are not followed)."""
     parts = ref.split(".")
-    if parts[0] != "linear_gpt2":
+    if parts[0] not in ("linear_gpt2", "studies"):
         parts = ["linear_gpt2", *parts]
     for n in range(len(parts), 0, -1):
         base = ROOT.joinpath(*parts[:n])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from linear_gpt2.experiments import reports
-from linear_gpt2.experiments.reports import core
+from studies import common as reports
+from studies.common import core
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -177,7 +177,7 @@ def test_rendering_needs_no_jax():
     """The check runs in every `make test` and on any machine: the renderers read files only
     (but the option table of docs/attention.md, which asks the variants' specs when rendered)."""
     code = (
-        "import sys; from linear_gpt2.experiments import reports; "
+        "import sys; from studies import common as reports; reports.load_renderers(); "
         "assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')], 'jax'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from linear_gpt2.experiments import hlo_costs, step_costs, step_targets
-from linear_gpt2.experiments import step_model as sm
+from linear_gpt2.experiments import hlo_costs
+from studies.train_step import step_costs, step_targets
+from studies.train_step import step_model as sm
 from tests.helpers import SLOW
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,11 +1,11 @@
-"""The experiment harness on top of the library: what the scripts and benchmarks run.
+"""A researcher's tools for their own experiments, on top of the library (the studies that
+replicate the post live outside the package, in ``studies/``, and import these):
 
-- :mod:`.step_time`: milliseconds per training step against context (the post's timing figure);
-- :mod:`.frontier` and :mod:`.compile_step`: the step compiled for a GPU target (memory
-  frontier, ``scripts/compile.py``);
-- :mod:`.sample_time`: milliseconds per sampled token, KV cache against recurrent state;
-- :mod:`.sweep`: grids of config overrides, run names, point status, SLURM arrays;
-- :mod:`.runs` and :mod:`.plots`: run directories as records, and the post's figures;
-- :mod:`.mqar`: the MQAR protocols and report;
-- :mod:`.provenance` and :mod:`.axes`: what every results file and table shares.
+- :mod:`.sweep` and :mod:`.sweep_file`: grids of config overrides, run names, point status,
+  SLURM arrays (``scripts/sweep.py``);
+- :mod:`.runs` and :mod:`.plots`: run directories as records, and loss and timing figures
+  (``scripts/plot_runs.py``);
+- :mod:`.compile_step`, :mod:`.hlo_text`, :mod:`.hlo_costs` and :mod:`.collectives`: the
+  training step compiled for a GPU target and read back (``scripts/compile.py``);
+- :mod:`.axes`: the context axis every table and figure shares.
 """

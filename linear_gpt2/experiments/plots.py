@@ -3,9 +3,9 @@
 
 Inputs are plain records so the functions serve the scripts, the notebooks and the tests alike:
 
-- step time: the ``results`` of a :mod:`linear_gpt2.experiments.step_time` JSON file (dicts with ``attention``,
+- step time: the ``results`` of a :mod:`studies.train_step.step_time` JSON file (dicts with ``attention``,
   ``size``, ``context``, ``status``, ``median_ms``, ``chunk_size``);
-- sampling time: the rows of a :mod:`linear_gpt2.experiments.sample_time` benchmark (``decoder``, ``context``,
+- sampling time: the rows of a :mod:`studies.sample_time.sample_time` benchmark (``decoder``, ``context``,
   ``median_ms``);
 - learning: :class:`~linear_gpt2.experiments.runs.Run` objects, read from run directories (``metrics.jsonl`` +
   ``config.yaml``, see :func:`load_run`) or from a wandb project (:func:`load_wandb_runs`).

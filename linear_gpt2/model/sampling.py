@@ -13,7 +13,7 @@ per layer, whose per-token cost grows with the cache; the linear family keeps th
   against it token for token.
 
 A trained model comes from ``linear_gpt2.training.trained.load``; the time per sampled token is
-measured by ``linear_gpt2.experiments.sample_time``.
+measured by ``studies.sample_time.sample_time``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 :func:`environment` is what each benchmark writes into its raw file's ``meta`` and what the
 trainer appends to a run directory's ``run_info.jsonl`` at every start; the renderers of the
-reports (``experiments.reports``) read it back, so a table never loses where its numbers came
+reports (``studies.common``) read it back, so a table never loses where its numbers came
 from.
 """
 

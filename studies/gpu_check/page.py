@@ -1,0 +1,58 @@
+"""The page of a ``make gpu-check`` run: ``gpu_check_<device>_measured.md``, a generated block
+for each results file the run has written so far (in the order of the windows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from studies import common as reports
+
+# (raw file, renderer, heading), in the order of the stages.
+BLOCKS = (
+    (
+        "gpu_check_{dev}_measured.json",
+        "gpu_check.units",
+        "Windows and units: time against the estimate",
+    ),
+    ("step_time_{dev}_measured.json", "gpu_check.steps", "Training step"),
+    ("kernels_{dev}_measured.json", "gpu_check.kernels", "Kernels"),
+    (
+        "compile_ab_{dev}_measured.json",
+        "gpu_check.compile_ab",
+        "Steps compiled here against steps compiled on the GPU",
+    ),
+    ("gpu_tests_{dev}_measured.json", "gpu_check.tests", "GPU tests"),
+    (
+        "kernel_sweep_{dev}_measured.json",
+        "gpu_check.kernel_sweep",
+        "LT_attention_parallel's kernels",
+    ),
+    ("profile_{dev}_measured.json", "gpu_check.profile", "Where the step's time goes"),
+    ("sample_time_{dev}_measured.json", "gpu_check.sample", "Sampling"),
+    ("memory_check_{dev}_measured.json", "memory_check.table", "Memory"),
+    ("mqar_{dev}_measured.json", "gpu_check.mqar", "MQAR"),
+    ("context_{dev}_measured.json", "gpu_check.context", "Context study"),
+)
+
+
+def template(results: Path, dev: str) -> str:
+    lines = [
+        f"# make gpu-check on {dev} (measured)",
+        "",
+        "Written by `scripts/gpu_check.py` (`make gpu-check`) from its run folder; every number "
+        "below is rendered from the raw file its block names.",
+    ]
+    for raw, name, heading in BLOCKS:
+        raw = raw.format(dev=dev)
+        if (results / raw).is_file():
+            lines += ["", f"## {heading}", "", reports.block(name, raw)]
+    return "\n".join(lines)
+
+
+def write(results: Path, dev: str) -> Path:
+    """The page from its template every time: a window adds results files, and with them
+    blocks (``reports.page`` keeps a page's blocks as they are)."""
+    path = results / f"gpu_check_{dev}_measured.md"
+    path.write_text(template(results, dev))
+    reports.page(path, template(results, dev))
+    return path

@@ -1,0 +1,272 @@
+"""``make gpu-check``'s results (``*_<device>_measured.json``; ``gpu_check_<device>_measured.md``):
+its units' times against the estimate, the GPU tests, the kernels beside flash-linear-attention,
+the training step, the profile, sampling, and the learning cells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studies.common.core import Raw, renderer
+from studies.common.fmt import context_label, gib, provenance, short, table
+
+
+def _about(data: dict[str, Any]) -> str:
+    p = provenance(data)
+    return (f"{(p['how'] or 'obtained').capitalize()} on {p['device']}, jax {p['jax']}, commit "
+            f"{short(p['commit'])}, {p['time'] or 'time not recorded'}.")  # fmt: skip
+
+
+def _ms(x: float | None) -> str:
+    return "" if x is None else f"{x:.4g}"
+
+
+@renderer("gpu_check.units")
+def units(raw: Raw) -> str:
+    rows = raw.data["units"]
+    body = []
+    for stage in dict.fromkeys(u["stage"] for u in rows):
+        us = [u for u in rows if u["stage"] == stage]
+        ok = sum(u["status"] == "ok" for u in us)
+        body.append([f"`{stage}`", us[0].get("phase", ""), f"{ok} of {len(us)}",
+                     f"{sum(u['estimate_s'] for u in us) / 60:.1f}",
+                     f"{sum(u['seconds'] for u in us) / 60:.1f}"])  # fmt: skip
+    failed = [f"`{u['stage']}/{u['unit']}`" for u in rows if u["status"] != "ok"]
+    wins = [[str(w.get("window")), w.get("device_kind") or "", f"{w.get('estimate_s', 0):.0f}",
+             f"{w.get('seconds', 0):.0f}", f"{w.get('units_done', 0)} of {w.get('units', 0)}",
+             (w.get("started_utc") or "")[:16]] for w in raw.data.get("windows", [])]  # fmt: skip
+    return "\n".join([
+        _about(raw.data), "",
+        *([table(["window", "device", "estimated s", "took s", "units done", "started (UTC)"],
+                 wins, "llrrrl"), ""] if wins else []),
+        table(["stage", "phase", "units ok", "estimated min", "took min"], body, "llrrr"),
+        *([""] + [f"Failed: {', '.join(failed)} (their logs are in the run folder)."] if failed else []),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.compile_ab")
+def compile_ab(raw: Raw) -> str:
+    """The same settings timed from steps compiled here (deviceless, loaded) and compiled on
+    the GPU, in one session: their ratio."""
+    body = [[r["size"], f"`{r['attention']}`", context_label(r["context"]),
+             str(r.get("chunk_size") or ""), _ms(r["loaded_ms"]), _ms(r["compiled_there_ms"]),
+             f"{r['ratio']:.3f}"] for r in raw.data["rows"]]  # fmt: skip
+    loaded = {(r["loaded"], r["looked_up"]) for r in raw.data["rows"]}
+    note = ", ".join(f"{a} of {b} steps loaded" for a, b in sorted(loaded))
+    if not any(a for a, _ in loaded):
+        # The store holds programs compiled for the H100 only: on another card (an H200) both
+        # units compiled on the GPU, and the ratio is two compiles' run-to-run agreement.
+        note = (
+            "none loaded: the store holds H100 programs, so both columns were compiled on "
+            "this GPU and their ratio is the repeatability of two compiles and runs"
+        )
+    first = "loaded" if any(a for a, _ in loaded) else "step unit"
+    return "\n".join([
+        _about(raw.data) + f" Step unit: {note}.", "",
+        table(["size", "attention", "context", "chunk", f"{first} median ms",
+               "compiled-there median ms", f"{first} / there"], body, "lllrrrr"),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.kernel_sweep")
+def kernel_sweep(raw: Raw) -> str:
+    rows = raw.data["rows"]
+    keys = list(dict.fromkeys((r["name"], r["kernel"]) for r in rows))
+    Ts = sorted({r["T"] for r in rows})
+    body = []
+    for name, kernel in keys:
+        for mode in ("fwd", "fwd+bwd"):
+            cells = []
+            for T in Ts:
+                r = next((x for x in rows if (x["name"], x["kernel"], x["T"], x["mode"])
+                          == (name, kernel, T, mode)), None)  # fmt: skip
+                cells.append("" if r is None else f"{r['seconds'] * 1e3:.3g}"
+                             if r.get("seconds") else str(r.get("status", "")))  # fmt: skip
+            body.append([f"`{name}`", kernel, mode, *cells])
+    return "\n".join([
+        _about(raw.data) + " Median ms:", "",
+        table(["name", "kernel", "mode", *(context_label(t) for t in Ts)], body,
+              "lll" + "r" * len(Ts)),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.tests")
+def tests(raw: Raw) -> str:
+    body, failures = [], []
+    for f in raw.data["files"]:
+        count = {
+            k: sum(t["outcome"] == k for t in f["tests"])
+            for k in ("passed", "failed", "error", "skipped")
+        }
+        body.append([f"`{f['file']}`", *count.values()])
+        failures += [f"- `{f['file']}::{t['name']}` {t['outcome']}: {t['message']}"
+                     for t in f["tests"] if t["outcome"] in ("failed", "error")]  # fmt: skip
+    pk = raw.data["meta"]["settings"].get("packages") or {}
+    versions = ", ".join(f"{k} {v}" for k, v in pk.items() if v) or "not recorded"
+    return "\n".join([
+        _about(raw.data) + f" Packages: {versions}.", "",
+        table(["file", "passed", "failed", "error", "skipped"], body, "lrrrr"),
+        *([""] + failures if failures else []),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.kernels")
+def kernels(raw: Raw) -> str:
+    rows = raw.data["rows"]
+    out = [_about(raw.data)]
+    for shape in dict.fromkeys((r["B"], r["H"], r["D"]) for r in rows):
+        for forget in dict.fromkeys(r["forget"] for r in rows if (r["B"], r["H"], r["D"]) == shape):
+            sel = [r for r in rows if (r["B"], r["H"], r["D"]) == shape and r["forget"] == forget]
+            impls = list(dict.fromkeys(r["impl"] for r in sel))
+            body = []
+            for T in sorted({r["T"] for r in sel}):
+                cells = []
+                for impl in impls:
+                    for mode in ("fwd", "fwd+bwd"):
+                        r = next((x for x in sel if x["impl"] == impl and x["T"] == T
+                                  and x["mode"] == mode), None)  # fmt: skip
+                        cells.append("" if r is None else f"{r['ms']:.3g} ({r['tflops']:.0f})"
+                                     if r.get("ms") else r.get("status", ""))  # fmt: skip
+                body.append([context_label(T), *cells])
+            head = ["T", *(f"{i} {m}" for i in impls for m in ("fwd", "fwd+bwd"))]
+            checks = [f"`{r['impl']}` {r['check_rel_err']:.1e}" for r in sel
+                      if r.get("check_rel_err") is not None and r["mode"] == "fwd"]  # fmt: skip
+            B, H, D = shape
+            out += ["", f"(B, H, D) = ({B}, {H}, {D}), forgetting: {forget}; ms (TFLOP/s, "
+                    "each variant's count: softmax's 4 T D per head not halved for causality, "
+                    "as nanoGPT counts):", "",
+                    table(head, body, "l" + "r" * (len(head) - 1))]  # fmt: skip
+            if checks:
+                out += ["", "Outputs against ours before timing (||out - ours|| / ||ours||): "
+                        + ", ".join(dict.fromkeys(checks)) + "."]  # fmt: skip
+    out += [f"- {n}" for n in raw.data.get("notes", [])]
+    return "\n".join(out)
+
+
+@renderer("gpu_check.steps")
+def steps(raw: Raw) -> str:
+    s = raw.data["meta"]["settings"]
+    body = []
+    for r in raw.data["results"]:
+        ok = r["status"] == "ok"
+        body.append([r["size"], f"`{r['attention']}`", context_label(r["context"]),
+                     _ms(r.get("min_ms")) if ok else r["status"], _ms(r.get("median_ms")),
+                     _ms(r.get("max_ms")), f"{r.get('remat')}, {r.get('loss_chunk')}",
+                     r.get("chunk_size") or "", gib(r.get("memory_bytes"), 1)])  # fmt: skip
+    share = s.get("allocator_fraction")
+    return "\n".join([
+        _about(raw.data) + f" {s.get('steps_timed')} steps timed after {s.get('warmup')}; "
+        f"allocator share {share if share is not None else 'not set (CPU)'}.", "",
+        table(["size", "attention", "context", "min ms", "median ms", "max ms",
+               "remat, loss_chunk (auto)", "chunk", "compiled GiB"], body, "lllrrrlrr"),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.sample")
+def sample(raw: Raw) -> str:
+    rows = raw.data["rows"]
+    decoders = list(dict.fromkeys(r["decoder"] for r in rows))
+    by = {(r.get("size"), r["decoder"], r["context"]): r for r in rows}
+    body = []
+    for size in dict.fromkeys(r.get("size") for r in rows):
+        for ctx in sorted({r["context"] for r in rows if r.get("size") == size}):
+            cells = []
+            for d in decoders:
+                r = by.get((size, d, ctx))
+                cells.append("" if r is None else _ms(r["median_ms"]) if r["status"] == "ok"
+                             else r["status"])  # fmt: skip
+            body.append([size, context_label(ctx), *cells])
+    s = raw.data["meta"].get("settings", {})
+    return "\n".join(
+        [
+            _about(raw.data) + f" ms per token, the median over {s.get('rounds')} "
+            f"rounds of {s.get('steps')} tokens, batch 1, {s.get('dtype')}.",
+            "",
+            table(["size", "context", *decoders], body, "ll" + "r" * len(decoders)),
+        ]
+    )
+
+
+@renderer("gpu_check.profile")
+def profile(raw: Raw) -> str:
+    out = [_about(raw.data)]
+    for p in raw.data["profiles"]:
+        body = [[i, f"`{op['name'][:70]}`", op["count"], f"{op['ms']:.3f}", f"{op['share']:.1%}"]
+                for i, op in enumerate(p["top"], 1)]  # fmt: skip
+        out += ["", f"`{p['attention']}` {p['size']} at {context_label(p['context'])}: "
+                f"{p['steps']} steps traced, {p['device_ms']:.1f} ms of {p['where']} time per "
+                f"step; the {len(p['top'])} ops that take the most:", "",
+                table(["#", "op", "calls per step", "ms per step", "share"], body, "rlrrr")]  # fmt: skip
+    return "\n".join(out)
+
+
+@renderer("gpu_check.mqar")
+def mqar(raw: Raw) -> str:
+    body = []
+    for r in raw.data["runs"]:
+        acc = r.get("val_acc") or []
+        best = max((a for _, a in acc), default=None)
+        body.append([r["name"], r.get("stopped_by") or "not finished", r.get("steps") or "",
+                     "" if best is None else f"{best:.3f}",
+                     "" if not acc else f"{acc[-1][1]:.3f}"])  # fmt: skip
+    return "\n".join(
+        [
+            _about(raw.data),
+            "",
+            table(["run", "stopped by", "updates", "best test accuracy", "last"], body, "llrrr"),
+        ]
+    )
+
+
+@renderer("gpu_check.context")
+def context(raw: Raw) -> str:
+    body = []
+    for r in raw.data["runs"]:
+        body.append([r["variant"], r.get("context"), r.get("seed"), _ms(r.get("min_loss")),
+                     r.get("min_step"), _ms(r.get("final_loss")),
+                     r.get("rising_from") or "still falling"])  # fmt: skip
+    gaps = []
+    for g in raw.data["gaps"]:
+        if g["gap"] is None:
+            continue
+        noise = "" if g["seed_noise"] is None else f", seed spread {g['seed_noise']:.3f}"
+        verdict = {True: "above", False: "within", None: "no second seed:"}[g["above_noise"]]
+        gaps.append(f"- {g['context']}: `{g['variant']}` {g['gap']:+.3f} against `flash` "
+                    f"({verdict} the seed noise{noise}).")  # fmt: skip
+    return "\n".join([
+        _about(raw.data), "",
+        table(["variant", "context", "seed", "lowest held-out loss", "at update", "final",
+               "rising from update"], body, "lrrrrrr"),
+        *([""] + gaps if gaps else []),
+    ])  # fmt: skip
+
+
+@renderer("gpu_check.compile_here")
+def compile_here(raw: Raw) -> str:
+    """``make gpu-compile``'s record: the window's steps compiled here for the GPU target, the
+    bundle a device command carries, and JAX's cache-key fields here beside the GPU's."""
+    d, s = raw.data, raw.data["meta"]["settings"]
+    mib = 2**20
+    entries = d["entries"]
+    store = sum(e.get("bytes", 0) for e in entries)
+    bundle = d["bundle"]
+    total = sum(bundle.values())
+    out = [
+        f"For window {s['window']}, the store holds {len(entries)} training steps compiled for "
+        f"`{s['target']}` (deviceless) at commit "
+        f"{short(raw.data['meta']['environment'].get('git_commit'))}: {store / mib:.2f} MiB "
+        "(lzma). Carried by the device command: "
+        + ", ".join(f"{k} {v / mib:.1f} MiB" for k, v in bundle.items())
+        + f"; {total / mib:.1f} MiB of the {s['carry_limit_bytes'] / mib:.0f} MiB limit.",
+    ]
+    if d.get("key_fields"):
+        state = {True: "same", False: "differs", None: "not recorded"}
+
+        def cell(v) -> str:
+            return "" if v is None else f"`{str(v)[:48]}`".replace("\n", " ") if v else "(none)"
+
+        body = [[r["field"], cell(r["here"]), cell(r["gpu"]), state[r["match"]]]
+                for r in d["key_fields"]]  # fmt: skip
+        out += ["", f"JAX's persistent-cache key of a deviceless compile against the GPU's "
+                f"(`{s['key_source']}`):", "",
+                table(["field", "here (deviceless)", "last GPU run", ""], body, "llll")]  # fmt: skip
+    return "\n".join(out)
