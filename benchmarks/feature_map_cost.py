@@ -5,7 +5,7 @@ Per point: the step (``train_step.jit_train_step``: batch 1, bf16, AdamW) of ``L
 (chunk 64, ``kernel: auto`` = the Pallas kernels on the H100) with the feature map, compiled
 deviceless for the H100 with the auto memory settings (``compile_step.compile_train_step``): its
 compiled memory, the setting ``auto`` chose, every Pallas kernel's registers and spills
-(ptxas's log), and the step-time MODEL (``experiments/step_model.py``: the optimized program
+(ptxas's log), and the step-time MODEL (``studies/train_step/step_model.py``: the optimized program
 priced per launch, ``step_costs.cost_rows``, at the parameters fitted to the 37 measured H100
 steps, ``train_step_h100_model.json``). Flash and softplus also have their measured H100 times
 (``train_step_h100_costs_compiled.json``, the points the model was fitted on); flash's memory

@@ -43,7 +43,7 @@ def page(raw: Raw) -> str:
         f"{s['batch']}, {s['dtype']}, AdamW) with `{s['attention']}` (chunk {s['chunk_size']}, "
         f"`kernel: {s['kernel']}`: the Pallas kernels) and each feature map, the auto memory "
         "settings resolved against the H100's budget; `" + s["command"] + "`. The step times are "
-        "a **MODEL** (`experiments/step_model.py` at the parameters fitted to the 37 measured "
+        "a **MODEL** (`studies/train_step/step_model.py` at the parameters fitted to the 37 measured "
         f"H100 steps, `{d['meta']['model']}`), not measured, except the columns marked measured "
         "(the lent H100, the points the model was fitted on). Keys wider than the 64 value "
         "columns run as blocks of 64 folded into the heads (`kernels/key_blocks.py`: 3 blocks "
