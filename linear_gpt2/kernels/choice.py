@@ -30,3 +30,14 @@ def resolve(kernel: str, option: str = "kernel") -> str:
         _NOTED.add(option)
         kernels.note_choice(f"{option}=auto: pallas (the program is for a GPU)", __name__)
     return impl
+
+
+def is_pallas(impl: str) -> bool:
+    """Whether a resolved implementation (:func:`resolve`'s answer) is the Pallas kernel: the
+    kernels layer names its implementations, the model asks it."""
+    return impl == "pallas"
+
+
+def use_pallas(kernel: str, option: str = "kernel") -> bool:
+    """Whether ``option`` = ``kernel`` runs the Pallas kernel in the program being traced."""
+    return is_pallas(resolve(kernel, option))

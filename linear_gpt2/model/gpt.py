@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from linear_gpt2.kernels.choice import resolve
+from linear_gpt2.kernels.choice import is_pallas, resolve
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.layers import (
@@ -367,7 +367,7 @@ class GPT(nn.Module):
             # The count after the logits, as the loss's (loss.counted: issue 38).
             return hits.sum(), counted_after(counted, logits).astype(jnp.int32)
         loss_kernel = loss_kernel_of(cfg)
-        if targets is not None and (loss_chunk_tokens(cfg) > 0 or loss_kernel == "pallas"):
+        if targets is not None and (loss_chunk_tokens(cfg) > 0 or is_pallas(loss_kernel)):
             # With the Pallas loss kernel and no chunking the whole sequence is one chunk.
             chunk = loss_chunk_tokens(cfg) or math.prod(targets.shape)
             return head_cross_entropy(

@@ -15,7 +15,7 @@ import numpy as np
 
 from linear_gpt2.kernels.bias_add import ops as bias_add_ops
 from linear_gpt2.kernels.bias_gelu import ops as bias_gelu_ops
-from linear_gpt2.kernels.choice import resolve
+from linear_gpt2.kernels.choice import use_pallas
 from linear_gpt2.kernels.layernorm import ops as layernorm_ops
 from linear_gpt2.model.config import ModelConfig
 
@@ -52,7 +52,7 @@ class DenseParams(nn.Module):
 def fused_mlp(cfg: ModelConfig) -> bool:
     """Whether the MLP runs the fused activation (``model.mlp_kernel``; ``auto``: when the
     program is traced for a GPU). Only with biases (GPT-2's)."""
-    return cfg.bias and resolve(cfg.mlp_kernel, "model.mlp_kernel") == "pallas"
+    return cfg.bias and use_pallas(cfg.mlp_kernel, "model.mlp_kernel")
 
 
 def mlp(cfg: ModelConfig, x: jax.Array, fc: tuple, proj: tuple, add_bias: bool = True):
@@ -72,7 +72,7 @@ def fused_bias(cfg: ModelConfig) -> bool:
     """Whether ``c_attn``'s and the MLP's ``c_proj`` biases take the fused backward
     (``model.bias_kernel``; ``auto``: when the program is traced for a GPU). Only with biases
     (GPT-2's)."""
-    return cfg.bias and resolve(cfg.bias_kernel, "model.bias_kernel") == "pallas"
+    return cfg.bias and use_pallas(cfg.bias_kernel, "model.bias_kernel")
 
 
 def qkv_heads(cfg: ModelConfig, x: jax.Array, w: jax.Array, b: jax.Array):
@@ -105,7 +105,7 @@ def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
 def fused_layer_norm(cfg: ModelConfig) -> bool:
     """Whether the blocks' and the final LayerNorms run the fused kernels
     (``model.layernorm_kernel``; ``auto``: when the program is traced for a GPU)."""
-    return resolve(cfg.layernorm_kernel, "model.layernorm_kernel") == "pallas"
+    return use_pallas(cfg.layernorm_kernel, "model.layernorm_kernel")
 
 
 class FusedLayerNorm(nn.Module):

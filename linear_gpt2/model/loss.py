@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from linear_gpt2.kernels import rows
+from linear_gpt2.kernels.choice import is_pallas
 from linear_gpt2.kernels.cross_entropy import naive as ce_naive
 from linear_gpt2.platform.mesh import DATA, SEQ, sequence_shards
 
@@ -95,7 +96,7 @@ def _forward_and_partials(x, w, targets, chunk: int, dtype, kernel: str = "xla")
     count = jnp.maximum(counted(valid_all, x), 1.0)  # after the layers (counted)
     xs, ts = _chunks(x, targets, chunk)
     w_c = w.astype(dt)
-    if kernel == "pallas":
+    if is_pallas(kernel):
         from linear_gpt2.kernels.cross_entropy import fused  # Pallas: imported when picked
 
         nll_and_grad = fused.cross_entropy
@@ -162,7 +163,7 @@ def head_cross_entropy(
     """
     if chunk < 1:
         raise ValueError(f"loss chunk must be >= 1 token, got {chunk}")
-    if x.ndim == 3 and (sequence_shards() > 1 or (kernel == "pallas" and rows.split(x))):
+    if x.ndim == 3 and (sequence_shards() > 1 or (is_pallas(kernel) and rows.split(x))):
         return _over_devices(x, w, targets, chunk, jnp.dtype(dtype).name, kernel)
     return _local(x, w, targets, chunk, jnp.dtype(dtype).name, kernel)
 
