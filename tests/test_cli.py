@@ -484,17 +484,20 @@ def _expected_failure_classes() -> list[type]:
     import pkgutil
 
     import linear_gpt2
+    import studies
 
-    for info in pkgutil.walk_packages(linear_gpt2.__path__, "linear_gpt2."):
-        try:
-            importlib.import_module(info.name)
-        except ImportError:  # an optional dependency (triton, torch) is missing here
-            pass
+    # The library and the studies (render_reports.py's errors live in studies.common).
+    for package in (linear_gpt2, studies):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            try:
+                importlib.import_module(info.name)
+            except ImportError:  # an optional dependency (triton, torch) is missing here
+                pass
     found, todo = [], [errors.LinearGPT2Error]
     while todo:
         cls = todo.pop()
         for sub in cls.__subclasses__():
-            if sub.__module__.startswith("linear_gpt2.") and sub not in found:
+            if sub.__module__.startswith(("linear_gpt2.", "studies.")) and sub not in found:
                 found.append(sub)
                 todo.append(sub)
     return found
