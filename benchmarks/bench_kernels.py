@@ -49,6 +49,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2 import attention, kernels
+from linear_gpt2.attention.options import declared  # noqa: E402
 from linear_gpt2.model import flops  # noqa: E402
 from linear_gpt2.model.config import ModelConfig  # noqa: E402
 from linear_gpt2.platform.memory import is_oom  # noqa: E402
@@ -62,7 +63,7 @@ def configurations(names, chunk_size: int, include_interpret: bool):
     out = []
     for name in names:
         spec = attention.spec(name)
-        if "kernel" not in spec.options:
+        if "kernel" not in declared(spec.options):
             out.append((name, "default", attention.get(name)))
             continue
         # Every kernel the variant names (LT_chunked's "pallas" chooses between its designs by
@@ -95,7 +96,7 @@ def design(name: str, kernel: str, B: int, T: int, H: int, D: int, c: int, dtype
     spec = attention.spec(name)
     if spec.kernel_design is None or kernel == "default":
         return ""
-    return spec.kernel_design((B, T, H, D), dtype, {"kernel": kernel, "chunk_size": c})
+    return spec.kernel_design((B, T, H, D), dtype, spec.options(kernel=kernel, chunk_size=c))
 
 
 def fwd_flops(name: str, B: int, T: int, H: int, D: int, c: int) -> float:
