@@ -180,7 +180,6 @@ def compile_train_step(
     budget = t.budget_bytes if budget_bytes is None else budget_bytes
     tx = optimizer(TrainConfig())
     reports: dict[Any, CompileReport] = {}
-    hlo: dict[Any, str] = {}  # the program's text; only the chosen one's collectives are read
 
     def compile_candidate(c):
         program = jit_train_step(
@@ -199,8 +198,6 @@ def compile_train_step(
         )
         assert isinstance(report, CompileReport)
         reports[c] = report
-        if t.n_devices > 1:
-            hlo[c] = compiled.as_text()
         return report.memory, compiled
 
     shape = step_shape(t, batch, context or cfg.block_size, accum, context_parallel, fsdp)
@@ -224,8 +221,9 @@ def compile_train_step(
         batch,
         context or cfg.block_size,
         context_parallel,
-        collectives.summary(collectives.collectives(hlo[chosen.config], t.n_devices))
-        if chosen.config in hlo and t.n_devices > 1
+        # Only the chosen program's collectives are read: its text, once.
+        collectives.summary(collectives.collectives(chosen.executable.as_text(), t.n_devices))
+        if chosen.executable is not None and t.n_devices > 1
         else [],
         chosen.executable,
     )
