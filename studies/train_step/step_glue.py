@@ -71,14 +71,23 @@ POINTS: list[GluePoint] = [
 # "after": every glue kernel asked for by name (``auto`` keeps XLA's program until a GPU has
 # run them: kernels/choice.py); "before" is an older tree, which has no such options.
 AFTER_KERNELS = {f"{k}_kernel": "pallas" for k in ("layernorm", "mlp", "loss", "bias")}
+# "switches": "after" with issue 37's two switches on as well (item 4): the blocks unrolled (no
+# stacking of per-layer activations) and the residual stream in bfloat16 (half its bytes), at
+# the points of the issue's targets that the kernels alone did not reach.
+SWITCHES = {"scan_layers": False, "residual_dtype": "bfloat16"}
+SWITCH_POINTS = ("LT_chunked:124M:65536", "LT_chunked:124M:16x1024", "flash:124M:65536")
+LABELS = ("before", "after", "switches")
 
 
 def spec(point: GluePoint, label: str) -> dict[str, Any]:
     """What the compile worker builds: the model options of ``point``, and for ``label``
-    "after" the glue kernels (:data:`AFTER_KERNELS`)."""
+    "after" the glue kernels (:data:`AFTER_KERNELS`), for "switches" those and
+    :data:`SWITCHES`."""
     overrides = {"remat": point.remat, "loss_chunk": point.loss_chunk}
-    if label == "after":
+    if label in ("after", "switches"):
         overrides |= AFTER_KERNELS
+    if label == "switches":
+        overrides |= SWITCHES
     return {
         "attention": point.attention, "size": point.size, "context": point.context,
         "batch": point.batch, "chunk_size": point.chunk_size, "overrides": overrides,
