@@ -10,6 +10,7 @@ milliseconds are the MODEL's, not a measurement.
 
     python benchmarks/step_glue.py --label before --code DIR   # compile with another tree's code
     python benchmarks/step_glue.py --label after               # compile with this tree
+    python benchmarks/step_glue.py --label switches            # and with scan_layers / residual_dtype
     python benchmarks/step_glue.py --no-compile                # price the cache, write json + md
 
 ``--code DIR`` compiles in a subprocess that imports ``linear_gpt2`` from DIR (e.g. ``git
@@ -66,7 +67,8 @@ def _worker(spec: dict, out: Path) -> None:
 def compile_point(point, label: str, code: Path | None, log=print) -> dict:
     """``point`` compiled in a subprocess importing ``linear_gpt2`` from ``code`` (default this
     tree), priced into cost rows."""
-    from linear_gpt2.experiments import hlo_costs, step_costs, step_glue
+    from linear_gpt2.experiments import hlo_costs
+    from studies.train_step import step_costs, step_glue
 
     spec = {**step_glue.spec(point, label), "key": point.key}
     with tempfile.TemporaryDirectory(prefix="step_glue_") as tmp:
@@ -83,7 +85,8 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--label", choices=("before", "after"), help="compile this label's points")
+    ap.add_argument("--label", choices=("before", "after", "switches"),
+                    help="compile this label's points (switches: step_glue.SWITCH_POINTS)")  # fmt: skip
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")
     ap.add_argument("--commit", help="the commit --code was exported from (recorded)")
     ap.add_argument("--only", nargs="*", help="point keys to compile (default: all)")
@@ -105,6 +108,8 @@ def main(argv=None) -> int:
         done = costs["points"].setdefault(args.label, {})
         for p in step_glue.POINTS:
             if (args.only and p.key not in args.only) or (p.key in done and not args.restart):
+                continue
+            if args.label == "switches" and p.key not in step_glue.SWITCH_POINTS:
                 continue
             entry = compile_point(p, args.label, args.code)
             env = entry.pop("environment")

@@ -25,6 +25,14 @@ setting fits the target's budget. Writes ``memory_frontier_<target>_compiled.{cs
 (largest context per attention x size beside the post's); an interrupted sweep resumes from the
 JSON (``--restart`` recompiles everything).
 
+``--model KEY=VALUE ...`` sets model options beyond the size's for every setting (``ModelConfig``
+fields: ``layernorm_kernel=pallas``, ``remat=none``, ``loss_chunk=4096``, ``scan_layers=false``;
+each row records them). ``--side-by-side NAME:KEY=VALUE,KEY=VALUE NAME:...`` times every setting
+under each named set of options (on top of ``--model``) in one process: compiled together, then
+``--rounds`` rounds of ``--repeats`` steps, the sets' order alternating from round to round;
+the JSON's ``side_by_side`` gives each set's median and its ratio to the first set's, overall
+and per round. LT_chunked runs at each ``--chunk-sizes`` value that divides the context.
+
 ``--tiny`` (and ``--fast-compile``) compile with XLA's CPU backend at -O0, which halves compile
 time where compilation dominates; its times are for checking the pipeline, not for reporting
 (``--tiny --full-compile`` times the tiny model as optimised for real).
@@ -89,7 +97,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--full-compile", action="store_true", help="with --tiny: optimise as for real timings"
     )
+    p.add_argument("--model", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="model options for every setting (ModelConfig fields)")  # fmt: skip
+    p.add_argument("--side-by-side", nargs="+", default=[], metavar="NAME:KEY=VALUE,...",
+                   help="time each setting under each named set of model options, side by side")  # fmt: skip
+    p.add_argument("--rounds", type=cli.positive_int, default=5,
+                   help="with --side-by-side: rounds of --repeats steps per set")  # fmt: skip
     args = p.parse_args(argv)
+    try:
+        args.model = parse_model_options(args.model, "--model")
+        args.side_by_side = parse_side_by_side(args.side_by_side)
+    except ValueError as e:
+        p.error(str(e))
+    if args.side_by_side and args.target:
+        p.error("--side-by-side times steps; it has no compile-only form (drop --target)")
     if args.min_context > args.max_context:
         p.error(f"--min-context {args.min_context} is above --max-context {args.max_context}")
     for name in args.attentions or ():
@@ -99,6 +120,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
         target.get(args.target)
     return args
+
+
+def parse_model_options(items: list[str], flag: str) -> dict:
+    """``KEY=VALUE`` items as model options (values read as YAML scalars: ``4096``, ``false``,
+    ``pallas``), each key a field of ``ModelConfig``."""
+    import dataclasses
+
+    import yaml
+
+    from linear_gpt2.model.config import ArchConfig
+
+    fields = [f.name for f in dataclasses.fields(ArchConfig)]
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} takes KEY=VALUE, not {item!r}")
+        if key not in fields or key in ("block_size", "dtype"):
+            valid = ", ".join(f for f in fields if f not in ("block_size", "dtype"))
+            raise ValueError(f"{flag} {item!r}: {key!r} is not a model option here; the options "
+                             f"are {valid} (the context and dtype have flags of their own)")  # fmt: skip
+        out[key] = yaml.safe_load(value) if value else value
+    return out
+
+
+def parse_side_by_side(items: list[str]) -> dict[str, dict]:
+    """``NAME:KEY=VALUE,KEY=VALUE`` items as {name: options}, in order (the first: the
+    baseline); at least two, names unique."""
+    out: dict[str, dict] = {}
+    for item in items:
+        name, sep, rest = item.partition(":")
+        if not sep or not name:
+            raise ValueError(f"--side-by-side takes NAME:KEY=VALUE,..., not {item!r}")
+        if name in out:
+            raise ValueError(f"--side-by-side names {name!r} twice")
+        out[name] = parse_model_options([x for x in rest.split(",") if x], f"--side-by-side {name}")
+    if len(out) == 1:
+        raise ValueError("--side-by-side needs two or more sets of options to compare")
+    return out
+
+
+def side_by_side_main(args, names, sizes, contexts, chunks, warmup, repeats, fast, report):
+    """Every (size, context, attention, chunk size) under each set of ``--side-by-side``."""
+    results = []
+    for size in sizes:
+        for context in sorted(contexts):
+            for name in names:
+                base = bench.model_config(size, name, context, dtype=args.dtype, **args.model)
+                cands = (
+                    bench.chunk_candidates(context, chunks)
+                    if base.spec.sweep_chunk_size
+                    else [None]
+                )
+                for c in cands:
+                    variants = {v: {**args.model, **o} for v, o in args.side_by_side.items()}
+                    rows = bench.side_by_side(
+                        name, size, context, variants, batch=args.batch, dtype=args.dtype,
+                        chunk_size=c, warmup=warmup, rounds=args.rounds, repeats=repeats,
+                        compiler_options=bench.FAST_COMPILE if fast else None,
+                        compile_threads=args.compile_threads,
+                    )  # fmt: skip
+                    for r in rows:
+                        report(r)
+                    results += rows
+    return results
 
 
 def frontier_main(args) -> int:
@@ -204,22 +290,28 @@ def _main(argv: list[str]) -> int:
             if r.status == "ok"
             else f"{r.status.upper()}: {r.oom_reason or r.error}"
         )
-        print(f"{r.size:>5} {r.attention:<31} {r.context:>8}  {what}", flush=True)
+        tag = f" [{r.variant}]" if r.variant else ""
+        print(f"{r.size:>5} {r.attention:<31} {r.context:>8}  {what}{tag}", flush=True)
 
-    results = bench.run_benchmark(
-        names,
-        sizes,
-        contexts,
-        on_result=report,
-        batch=args.batch,
-        dtype=args.dtype,
-        warmup=warmup,
-        repeats=repeats,
-        max_bytes=args.max_bytes,
-        chunk_sizes=chunks,
-        compiler_options=bench.FAST_COMPILE if fast else None,
-        compile_threads=args.compile_threads,
-    )
+    if args.side_by_side:
+        results = side_by_side_main(args, names, sizes, contexts, chunks, warmup, repeats, fast,
+                                    report)  # fmt: skip
+    else:
+        results = bench.run_benchmark(
+            names,
+            sizes,
+            contexts,
+            on_result=report,
+            batch=args.batch,
+            dtype=args.dtype,
+            warmup=warmup,
+            repeats=repeats,
+            max_bytes=args.max_bytes,
+            chunk_sizes=chunks,
+            compiler_options=bench.FAST_COMPILE if fast else None,
+            compile_threads=args.compile_threads,
+            overrides=args.model,
+        )
     meta = {
         "how": "measured",
         "environment": env,
@@ -231,6 +323,9 @@ def _main(argv: list[str]) -> int:
             "steps_timed": repeats,  # each median is of this many steps (results[].times_ms)
             "compile_threads": args.compile_threads,
             "max_bytes": args.max_bytes,
+            "model_options": args.model,
+            "side_by_side": args.side_by_side or None,
+            "rounds": args.rounds if args.side_by_side else None,
             "chunk_candidates": chunks,
             "compiler_options": bench.FAST_COMPILE if fast else None,
             "contexts": contexts,

@@ -73,6 +73,7 @@ def test_windows_fit_their_limit_and_window_one_is_the_headline(tmp_path):
     assert all(w.seconds <= 300 for w in short) and len(short) > len(wins)
     assert [k for w in short for k in w.keys()][: len(HEADLINE)] == HEADLINE
     assert max(len(w.items) for w in short) < max(len(w.items) for w in wins)
+    _first_window_decides_the_glue_kernels(wins[0])
 
 
 def test_dry_run_prints_the_windows_and_the_last_one_run(tmp_path):
@@ -146,6 +147,8 @@ def test_b(c): pass
 def test_not_gpu(): pass
 """
     assert testfiles.count_gpu_tests(src) == 2 * 2 + 3
+    marked = "import pytest\npytestmark = [pytest.mark.gpu, pytest.mark.usefixtures('f')]\n"
+    assert testfiles.count_gpu_tests(marked + "def test_a(): pass\ndef test_b(): pass\n") == 2
     files = testfiles.gpu_test_files(ROOT)
     assert "tests/test_kernels.py" in files and all(n > 0 for n in files.values())
 
@@ -366,3 +369,90 @@ def test_compile_ab_without_loaded_steps_says_what_its_ratio_is():
         Raw("x.json", {"meta": meta, "rows": [{**row, "loaded": 2, "looked_up": 2}]})
     )
     assert "2 of 2 steps loaded" in some and "| loaded median ms |" in some.replace("\n", "|")
+
+
+def _first_window_decides_the_glue_kernels(w1: plan.Window) -> None:
+    """Window 1 holds the glue kernels' gpu tests and the 124M step timed with them at pallas
+    beside xla in one process per point (1k with flash too, 16 x 1k, 64k), each priced."""
+    keys = w1.keys()
+    assert ("tests", "test_kernels_glue_gpu") in keys
+    glue = {u.name: u for s, u in w1.items if s.name == "glue"}
+    assert set(glue) == {"124M_1k", "124M_16x1k", "124M_64k"}
+    for u in glue.values():
+        argv = _argv(u)
+        assert argv.startswith("scripts/bench_step.py --sizes 124M"), argv  # compiled on the GPU
+        xla, pallas = re.search(r"--side-by-side (xla:\S+) (pallas:\S+)", argv).groups()
+        for k in ("layernorm_kernel", "mlp_kernel", "loss_kernel", "bias_kernel"):
+            assert f"{k}=xla" in xla and f"{k}=pallas" in pallas
+        assert "--model remat=none" in argv and u.seconds > 20
+    assert "--batch 16" in _argv(glue["124M_16x1k"]) and "--contexts 65536" in _argv(
+        glue["124M_64k"]
+    )
+    assert "--attentions LT_chunked flash" in _argv(glue["124M_1k"])
+
+
+def _glue_raw(ratios: dict[str, float], tests: list[str] | None):
+    from studies.common.core import Raw
+
+    env = {"device_kind": "NVIDIA H100 80GB HBM3", "git_commit": "abc", "jax_version": "0.11.2"}
+    meta = {"how": "measured", "environment": env, "settings": {
+        "dtype": "bfloat16", "warmup": 2, "rounds": 2, "repeats": 4,
+        "side_by_side": {"xla": {}, "pallas": {}}}}  # fmt: skip
+    rows = [{"attention": "LT_chunked", "size": "124M", "context": t, "batch": b,
+             "chunk_size": 64, "baseline": "xla", "median_ms": {"xla": 10.0, "pallas": 10.0 * x},
+             "status": {"xla": "ok", "pallas": "ok"}, "ratio": {"pallas": x},
+             "round_ratios": {"pallas": [x, x * 1.01]}, "memory_bytes": {}}
+            for (t, b), x in ((tuple(map(int, k.split("x"))), x) for k, x in ratios.items())]  # fmt: skip
+    glue = Raw("glue_ab_h100_measured.json", {"meta": meta, "rows": rows})
+    if tests is None:
+        return glue, None
+    files = [{"file": "tests/test_kernels_glue_gpu.py",
+              "tests": [{"name": f"t{i}", "outcome": o} for i, o in enumerate(tests)]}]  # fmt: skip
+    return glue, Raw("gpu_tests_h100_measured.json", {"meta": meta, "files": files})
+
+
+def test_the_glue_page_says_which_setting_won_and_by_how_much():
+    from studies.gpu_check import report as page
+
+    on = page.glue(*_glue_raw({"1024x1": 0.8, "1024x16": 0.5}, ["passed", "passed"]))
+    assert (
+        "| `LT_chunked` 124M 16 x 1k, chunk 64 | 10 | 5 | 0.500 | `pallas` 2.000x | 2 of 2 |" in on
+    )
+    assert "**`pallas` won at every point** (its step time / `xla`'s 0.500 to 0.800)" in on
+    assert "2 of 2 passed" in on and "may be turned on" in on
+    slow = page.glue(*_glue_raw({"1024x1": 1.25, "65536x1": 0.5}, ["passed", "failed"]))
+    assert "`xla` 1.250x" in slow and "**Keep `AUTO_PICKS_PALLAS` off**" in slow
+    assert "not faster at `LT_chunked` 124M 1k, chunk 64 (1.250)" in slow
+    assert "a gpu test did not pass" in slow and "`t1` failed" in slow
+    untested = page.glue(*_glue_raw({"1024x1": 0.9}, None))
+    assert "have not run on this device" in untested and "Keep `AUTO_PICKS_PALLAS` off" in untested
+
+
+@SLOW
+def test_tiny_glue_unit_times_both_settings_side_by_side_and_renders_its_page(tmp_path):
+    """The glue stage's CPU path on tiny shapes, as a window runs it: one process compiles the
+    step at xla and at pallas and times them in alternating rounds; the collector writes the
+    results file and the page that says which won."""
+    res, run = tmp_path / "res", tmp_path / "run"
+    shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("*.png", "*_tiny_cpu_measured*"))
+    r = run_script("--tiny", "--only", "glue", "--time-limit", "130", "--stop-after", "5000",
+                   "--run-dir", str(run), "--results", str(res), "--store", str(tmp_path / "s"),
+                   "--no-progress")  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    step = json.loads((run / "glue" / "tiny_64" / "step.json").read_text())
+    rows = {x["variant"]: x for x in step["results"]}
+    assert rows["pallas"]["overrides"]["mlp_kernel"] == "pallas"
+    assert rows["xla"]["overrides"]["mlp_kernel"] == "xla"
+    assert all(len(x["rounds_ms"]) == 2 and x["median_ms"] > 0 for x in rows.values())
+    (pair,) = step["side_by_side"]
+    assert pair["ratio"]["pallas"] == pytest.approx(
+        rows["pallas"]["median_ms"] / rows["xla"]["median_ms"])  # fmt: skip
+    data = json.loads((res / "glue_ab_tiny_cpu_measured.json").read_text())
+    assert data["meta"]["how"] == "measured" and len(data["rows"]) == 1
+    md = res / "glue_ab_tiny_cpu_measured.md"
+    _page_is_rendered(md)
+    assert (
+        "AUTO_PICKS_PALLAS" in md.read_text()
+        and "| `LT_chunked` tiny 64, chunk 16 |" in md.read_text()
+    )
+    assert "gpu_check.glue" in (res / "gpu_check_tiny_cpu_measured.md").read_text()

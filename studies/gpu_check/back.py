@@ -45,9 +45,13 @@ def headline(results: Path, dev: str) -> str:
         (f"kernels_{dev}_measured.json", "gpu_check.kernels", "kernels"),
         (f"compile_ab_{dev}_measured.json", "gpu_check.compile_ab",
          "steps compiled here against compiled on the GPU"),
+        (f"glue_ab_{dev}_measured.json", "gpu_check.glue",
+         "the glue kernels at pallas against xla (kernels/choice.py: AUTO_PICKS_PALLAS)"),
     ):  # fmt: skip
         if (results / stem).is_file():
-            parts += [f"{title} ({stem}):", reports.block(name, stem)]
+            extra = [f"gpu_tests_{dev}_measured.json"] if name == "gpu_check.glue" and (
+                results / f"gpu_tests_{dev}_measured.json").is_file() else []  # fmt: skip
+            parts += [f"{title} ({stem}):", reports.block(name, stem, *extra)]
     if not parts:
         return f"(no results of {dev} yet)"
     text, _ = reports.render_text("\n".join(parts), results, f"headline of {dev}")

@@ -132,6 +132,37 @@ def compile_ab(stage, run_dir, results, dev, env, plan=None) -> list[Path]:
     return [_write_json(results / f"compile_ab_{dev}_measured.json", {"meta": meta, "rows": rows})]
 
 
+def glue(stage, run_dir, results, dev, env) -> list[Path]:
+    """The glue units' side-by-side steps (``step.json``'s ``side_by_side``: the step with the
+    glue kernels at xla and at pallas, one process per point) into ``glue_ab_<dev>_measured
+    .json``, and its page ``glue_ab_<dev>_measured.md``, which says which setting won where and
+    by how much, beside the glue kernels' gpu tests when they have run."""
+    rows, meta = [], None
+    for unit, path in _units(run_dir, stage, "step.json"):
+        data = json.loads(path.read_text())
+        meta = meta or data["meta"]
+        times = {(r["attention"], r.get("chunk_size"), r.get("variant")): r
+                 for r in data["results"]}  # fmt: skip
+        for e in data.get("side_by_side", []):
+            memory = {v: times.get((e["attention"], e["chunk_size"], v), {}).get("memory_bytes")
+                      for v in e["median_ms"]}  # fmt: skip
+            rounds = {v: times.get((e["attention"], e["chunk_size"], v), {}).get("rounds_ms")
+                      for v in e["median_ms"]}  # fmt: skip
+            rows.append({**e, "unit": unit, "memory_bytes": memory, "rounds_ms": rounds})
+    if not rows:
+        return []
+    s = meta.get("settings", {})
+    meta = {**meta, "settings": {k: s.get(k) for k in (
+        "dtype", "warmup", "repeats", "rounds", "side_by_side", "model_options",
+        "compile_threads")}}  # fmt: skip
+    meta["settings"]["units"] = "make gpu-check's glue stage (gpu_check/stages.py: GLUE_POINTS)"
+    meta["settings"]["compiled"] = "on the GPU, each variant side by side in one process"
+    path = _write_json(results / f"glue_ab_{dev}_measured.json", {"meta": meta, "rows": rows})
+    from studies.gpu_check import page
+
+    return [path, page.write_glue(results, dev)]
+
+
 def kernel_sweep(stage, run_dir, results, dev, env) -> list[Path]:
     rows, meta = [], None
     for u in stage.units:
@@ -272,7 +303,7 @@ def context(stage, run_dir, results, dev, env) -> list[Path]:
 COLLECTORS: dict[str, Callable[..., list[Path]]] = {
     "tests": tests, "kernels": kernels, "step": step, "profile": profile, "sample": sample,
     "memory": memory, "mqar": mqar, "context": context, "compile_ab": compile_ab,
-    "kernel_sweep": kernel_sweep,
+    "kernel_sweep": kernel_sweep, "glue": glue,
 }  # fmt: skip
 WINDOWS = "windows.jsonl"  # the run folder's record of each window: estimate, time, units
 

@@ -21,6 +21,7 @@ BLOCKS = (
         "gpu_check.compile_ab",
         "Steps compiled here against steps compiled on the GPU",
     ),
+    ("glue_ab_{dev}_measured.json", "gpu_check.glue", "The glue kernels: pallas against xla"),
     ("gpu_tests_{dev}_measured.json", "gpu_check.tests", "GPU tests"),
     (
         "kernel_sweep_{dev}_measured.json",
@@ -55,4 +56,28 @@ def write(results: Path, dev: str) -> Path:
     path = results / f"gpu_check_{dev}_measured.md"
     path.write_text(template(results, dev))
     reports.page(path, template(results, dev))
+    return path
+
+
+def glue_template(results: Path, dev: str) -> str:
+    """``glue_ab_<dev>_measured.md``: what decides ``kernels/choice.py``'s ``AUTO_PICKS_PALLAS``,
+    the step timed with the glue kernels at pallas beside xla and, once they have run, the
+    kernels' gpu tests."""
+    raws = [f"glue_ab_{dev}_measured.json"]
+    if (results / f"gpu_tests_{dev}_measured.json").is_file():
+        raws.append(f"gpu_tests_{dev}_measured.json")
+    return "\n".join([
+        f"# The glue kernels on {dev}: the step at `pallas` beside `xla` (measured)", "",
+        "Written by `scripts/gpu_check.py` (`make gpu-check`'s glue stage; `make gpu-unpack` "
+        "renders it back here). Whether `auto` may take issue 37's glue kernels on a GPU "
+        "(`linear_gpt2/kernels/choice.py`: `AUTO_PICKS_PALLAS`) is decided here.", "",
+        reports.block("gpu_check.glue", *raws),
+    ])  # fmt: skip
+
+
+def write_glue(results: Path, dev: str) -> Path:
+    """The glue page from its template every time (the tests' file may have come since)."""
+    path = results / f"glue_ab_{dev}_measured.md"
+    path.write_text(glue_template(results, dev))
+    reports.page(path, glue_template(results, dev))
     return path

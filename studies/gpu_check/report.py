@@ -270,3 +270,90 @@ def compile_here(raw: Raw) -> str:
                 f"(`{s['key_source']}`):", "",
                 table(["field", "here (deviceless)", "last GPU run", ""], body, "llll")]  # fmt: skip
     return "\n".join(out)
+
+
+# The file of the glue kernels' gpu tests (stages.GLUE_TESTS), as the tests' raw file names it.
+GLUE_TESTS_FILE = "tests/test_kernels_glue_gpu.py"
+
+
+def _glue_tests(raw: Raw | None) -> tuple[str, bool | None]:
+    """The glue kernels' gpu tests in ``raw`` (``gpu_tests_<dev>_measured.json``): a sentence,
+    and whether every one passed (None: not run on this device)."""
+    found = [f for f in (raw.data["files"] if raw else []) if f["file"] == GLUE_TESTS_FILE]
+    if not found:
+        return (
+            f"The glue kernels' gpu tests (`{GLUE_TESTS_FILE}`) have not run on this device.",
+            None,
+        )
+    tests = found[0]["tests"]
+    passed = sum(t["outcome"] == "passed" for t in tests)
+    bad = [f"`{t['name']}` {t['outcome']}" for t in tests if t["outcome"] != "passed"]
+    text = (f"The glue kernels' gpu tests (`{GLUE_TESTS_FILE}`, the Triton lowering against the "
+            f"oracle and float64): {passed} of {len(tests)} passed"
+            + (f"; {', '.join(bad)}." if bad else "."))  # fmt: skip
+    return text, bool(tests) and passed == len(tests)
+
+
+def _glue_point(r: dict[str, Any]) -> str:
+    b = f"{r['batch']} x " if r.get("batch", 1) > 1 else ""
+    chunk = f", chunk {r['chunk_size']}" if r.get("chunk_size") else ""
+    return f"`{r['attention']}` {r['size']} {b}{context_label(r['context'])}{chunk}"
+
+
+@renderer("gpu_check.glue")
+def glue(raw: Raw, tests: Raw | None = None) -> str:
+    """The step with the glue kernels at each setting, timed side by side in one process per
+    point: each setting's median, the ratio to the baseline (xla), which won and in how many
+    rounds; then the verdict on ``AUTO_PICKS_PALLAS`` with the glue kernels' gpu tests."""
+    s = raw.data["meta"]["settings"]
+    body, ratios, failed = [], [], []
+    for r in raw.data["rows"]:
+        base = r["baseline"]
+        for v, ratio in r["ratio"].items():
+            ms_b, ms_v = r["median_ms"][base], r["median_ms"][v]
+            # The winner and by how much: the loser's time over the winner's.
+            won_by = f"`{v}` {1 / ratio:.3f}x" if ratio < 1 else f"`{base}` {ratio:.3f}x"
+            rr = r["round_ratios"].get(v) or []
+            rounds = sum((x < 1) == (ratio < 1) for x in rr)
+            mem = r.get("memory_bytes") or {}
+            body.append([_glue_point(r), _ms(ms_b), _ms(ms_v), f"{ratio:.3f}", won_by,
+                         f"{rounds} of {len(rr)}",
+                         f"{gib(mem.get(base), 1)} / {gib(mem.get(v), 1)}"])  # fmt: skip
+            ratios.append((r, v, ratio))
+        failed += [f"{_glue_point(r)} at `{v}`: {st}" for v, st in r["status"].items()
+                   if st != "ok"]  # fmt: skip
+    names = list(s.get("side_by_side") or {}) or ["xla", "pallas"]
+    base, cand = names[0], names[-1]
+    test_text, tests_ok = _glue_tests(tests)
+    faster = [x for x in ratios if x[2] < 1]
+    if ratios and len(faster) == len(ratios) and not failed and tests_ok:
+        verdict = (f"**`{cand}` won at every point** (its step time / `{base}`'s "
+                   f"{min(x[2] for x in ratios):.3f} to {max(x[2] for x in ratios):.3f}) and every "
+                   "gpu test passed: `AUTO_PICKS_PALLAS` may be turned on.")  # fmt: skip
+    else:
+        why = []
+        if not ratios:
+            why.append("no point was timed at both settings")
+        slower = [f"{_glue_point(r)} ({x:.3f})" for r, _, x in ratios if x >= 1]
+        if slower:
+            why.append(f"`{cand}` was not faster at {', '.join(slower)}")
+        if failed:
+            why.append("a setting failed: " + "; ".join(failed))
+        if tests_ok is None:
+            why.append("the gpu tests have not run")
+        elif not tests_ok:
+            why.append("a gpu test did not pass")
+        verdict = f"**Keep `AUTO_PICKS_PALLAS` off**: {'; '.join(why)}."
+    steps = (s.get("rounds") or 0) * (s.get("repeats") or 0)
+    sizes = ", ".join(dict.fromkeys(r["size"] for r in raw.data["rows"]))
+    return "\n".join([
+        _about(raw.data) + f" The training step ({sizes}; clip + AdamW, state donated, "
+        f"{s.get('dtype')}) compiled on the device with the glue kernels (`model.layernorm_kernel`, "
+        f"`mlp_kernel`, `loss_kernel`, `bias_kernel`) at each setting, in one process per point; "
+        f"{s.get('warmup')} warm-up steps each, then {s.get('rounds')} rounds of "
+        f"{s.get('repeats')} steps, the settings' order alternating from round to round; "
+        f"medians of the {steps} timed steps; ratio = `{cand}` / `{base}`.", "",
+        table(["point", f"`{base}` ms", f"`{cand}` ms", "ratio", "faster (by: slower / faster)",
+               "rounds it won", "GiB (each)"], body, "lrrrlrr"), "",
+        test_text, "", verdict,
+    ])  # fmt: skip

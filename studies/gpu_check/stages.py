@@ -6,7 +6,9 @@ Tier 0, the first window: the headline, the 124M step of ``flash`` and ``LT_chun
 64k (one unit per context; min / median / max of 7 steps; ``auto``'s memory setting), loaded
 from the steps compiled here (:mod:`.compiled`), then ``LT_chunked``'s kernels against cuDNN
 flash and flash-linear-attention at B1 H12 D64, 4k to 64k, and one context again compiled on
-the GPU (``compile_ab``: are the loaded steps' times the device-compiled ones'?). Then, each in
+the GPU (``compile_ab``: are the loaded steps' times the device-compiled ones'?), and what
+decides the glue kernels' ``auto`` (``kernels/choice.py``): their gpu tests and the 124M step
+with them at ``pallas`` beside ``xla`` in one process (``glue``: 1k, 16 x 1k, 64k). Then, each in
 windows that fit: the gpu tests against float64 (1); the larger sizes at 1k (2);
 ``LT_attention_parallel``'s kernels at 4k-64k (3); sampling (4); the memory check (5);
 Zoology's MQAR cell (6); the context grid, a window's worth of runs at a time (7); and what was
@@ -57,6 +59,16 @@ MEMORY_REPEATS = 3
 PEAK_BF16 = 989e12  # the H100 SXM's dense bf16 rate (NVIDIA's data sheet)
 # The step units run under the store's loader (compiled.py): python -m this, then the script.
 WITH_STORE = ("-m", "studies.gpu_check.compiled")
+# The glue kernels (issue 37, kernels/choice.py): whether auto may take them on a GPU is decided
+# by their gpu tests (these files, run in the first window) and by the 124M step timed with them
+# at pallas beside xla in one process (the glue stage). Points: (unit, attentions, context,
+# batch, chunk size, memory setting): 1k at batch 1, the post's micro-step 16 x 1k, and 64k at
+# step_glue's settings (benchmarks/results/step_glue_h100_model.md).
+GLUE_TESTS = ("test_kernels_glue_gpu",)
+GLUE_POINTS = (("124M_1k", ("LT_chunked", "flash"), K, 1, 128, ("remat=none", "loss_chunk=0")),
+               ("124M_16x1k", ("LT_chunked",), K, 16, 128, ("remat=none", "loss_chunk=0")),
+               ("124M_64k", ("LT_chunked",), 64 * K, 1, 64, ("remat=none", "loss_chunk=4096")))  # fmt: skip
+GLUE_WARMUP, GLUE_ROUNDS, GLUE_REPEATS = 2, 5, 4
 
 
 def params(size: str) -> float:
@@ -92,7 +104,8 @@ def tests_stage(known: Known, tiny: bool) -> Stage:
         argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", path,
                 "--junitxml={out}/junit.xml"]  # fmt: skip
         costs = [A("pytest", "pytest processes"), A("gpu_test", "gpu tests", n)]
-        units.append(_unit(known, "tests", Path(path).stem, argv, costs, f"{n} gpu tests", 1))
+        tier = 0 if Path(path).stem in GLUE_TESTS else 1  # they decide auto: the first window
+        units.append(_unit(known, "tests", Path(path).stem, argv, costs, f"{n} gpu tests", tier))
     return Stage("tests", CHECKS, "every gpu test against float64 references", tuple(units))
 
 
@@ -179,6 +192,68 @@ def compile_ab_stage(known: Known, tiny: bool) -> Stage:
                          HEADLINE, 0, store=False)  # fmt: skip
     return Stage("compile_ab", CHECKS, "a headline context compiled on the GPU, against the "
                  "steps compiled here", (unit,))  # fmt: skip
+
+
+def glue_variants() -> dict[str, dict[str, str]]:
+    """The two settings of the glue kernels timed side by side: XLA's program (what ``auto``
+    runs now) first, the baseline, then the kernels (step_glue's "after")."""
+    from studies.train_step.step_glue import AFTER_KERNELS
+
+    return {"xla": {k: "xla" for k in AFTER_KERNELS}, "pallas": dict(AFTER_KERNELS)}
+
+
+def _options(values: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in values.items())
+
+
+def glue_unit(known: Known, name: str, size: str, names, context: int, batch: int,
+              chunk: int, memory, tiny: bool = False) -> Unit:  # fmt: skip
+    """One ``bench_step.py --side-by-side`` process: the step of ``names`` at ``context`` x
+    ``batch`` with the glue kernels at xla and at pallas, compiled on the GPU side by side (the
+    trainer compiles there too), then timed in alternating rounds."""
+    variants = glue_variants()
+    argv = ["scripts/bench_step.py", "--sizes", size, "--contexts", context, "--batch", batch,
+            "--attentions", *names, "--chunk-sizes", chunk, "--model", *memory,
+            "--side-by-side", *(f"{v}:{_options(o)}" for v, o in variants.items()),
+            "--warmup", GLUE_WARMUP, "--rounds", 2 if tiny else GLUE_ROUNDS,
+            "--repeats", GLUE_REPEATS,
+            "--out", "{out}", "--stem", "step", "--no-plot",
+            "--compile-threads", COMPILE_THREADS]  # fmt: skip
+    if tiny:
+        argv += ["--tiny", "--dtype", "float32"]
+    # Every (attention, variant) compiles side by side before any is timed: priced as the step
+    # units price theirs. The kernels' step time is priced as XLA's (measured); 16 x 1k as the
+    # measured step of one sequence of as many tokens.
+    chains = [known.compile_cost(a, size, context) for a in names for _ in variants]
+    longest = max(chains, key=lambda c: c.seconds)
+    wall = max(longest.seconds, sum(c.seconds for c in chains) / COMPILE_THREADS)
+    wall *= A("compile_parallel", "").each_s
+    costs = [A("process", "processes"), A("init", "state inits", scale=params(size) / 1e8),
+             Cost("compile rounds", 1, 0.0, "assumption: compile_parallel"),
+             Cost("step compiles", len(chains), wall / len(chains), longest.basis)]  # fmt: skip
+    steps = len(variants) * (GLUE_WARMUP + GLUE_ROUNDS * GLUE_REPEATS)
+    for a in names:
+        c = known.step_cost(a, size, context * batch, steps)
+        if batch > 1 and not c.assumed:
+            c = dataclasses.replace(c, basis=f"assumption: step_by_tokens ({batch} x "
+                                    f"{_ctx(context)} as one {_ctx(context * batch)} sequence of "
+                                    f"{c.basis.removeprefix('measured: ')})")  # fmt: skip
+        costs.append(c)
+    b = f"{batch} x " if batch > 1 else ""
+    work = (f"{', '.join(names)} at {b}{_ctx(context)}: glue kernels xla / pallas, side by side "
+            "(compiled on the GPU)")  # fmt: skip
+    return _unit(known, "glue", name, argv, costs, work, 0)
+
+
+def glue_stage(known: Known, tiny: bool) -> Stage:
+    if tiny:
+        units = (glue_unit(known, "tiny_64", "tiny", ("LT_chunked",), 64, 1, 16,
+                           ("remat=none", "loss_chunk=0"), tiny=True),)  # fmt: skip
+    else:
+        units = tuple(glue_unit(known, n, "124M", names, t, b, c, memory)
+                      for n, names, t, b, c, memory in GLUE_POINTS)  # fmt: skip
+    return Stage("glue", CHECKS, "the step with the glue kernels at pallas beside xla, side by "
+                 "side: which wins, by how much", units)  # fmt: skip
 
 
 def _kernel_flops(B: int, H: int, D: int, T: int, softmax: bool, c: int = 64) -> float:
@@ -336,6 +411,7 @@ def build(results: Path, *, tiny: bool = False, device: str = "h100",
         kernels_stage(known, tiny),
         compile_ab_stage(known, tiny),
         tests_stage(known, tiny),
+        glue_stage(known, tiny),
         kernel_sweep_stage(known, tiny),
         sample_stage(known, tiny),
         memory_stage(known, tiny),

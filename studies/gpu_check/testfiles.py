@@ -45,7 +45,7 @@ def count_gpu_tests(source: str) -> int:
             for t in node.targets:
                 if isinstance(t, ast.Name):
                     names[t.id] = len(node.value.keys)
-    marked = any(_is_gpu_mark(getattr(n, "value", None) or n) for n in _module_marks(tree))
+    marked = any(_is_gpu_mark(n) for n in _module_marks(tree))
     total = 0
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test"):

@@ -72,8 +72,8 @@ def _points_table(d: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
-def _class_table(p: dict[str, Any]) -> str:
-    b, a = p["before"]["by_class"], p["after"]["by_class"]
+def _class_table(p: dict[str, Any], labels=("before", "after")) -> str:
+    b, a = p[labels[0]]["by_class"], p[labels[1]]["by_class"]
     rows = []
     for k in CLASSES:
         x, y = b.get(k, {}), a.get(k, {})
@@ -88,8 +88,8 @@ def _class_table(p: dict[str, Any]) -> str:
     return table(["op class", "MODEL ms", "GB moved", "launches"], rows, "lrrr")
 
 
-def _part_table(p: dict[str, Any]) -> str:
-    b, a = p["before"]["by_part"], p["after"]["by_part"]
+def _part_table(p: dict[str, Any], labels=("before", "after")) -> str:
+    b, a = p[labels[0]]["by_part"], p[labels[1]]["by_part"]
     parts = sorted(set(b) | set(a), key=lambda k: -b.get(k, {}).get("ms", 0.0))
     rows = [
         [k, _pair(_ms(b.get(k, {}).get("ms", 0.0)), _ms(a.get(k, {}).get("ms", 0.0))),
@@ -125,12 +125,49 @@ def _targets(d: dict[str, Any]) -> list[str]:
                 else ")")  # fmt: skip
         if "glue" in t["target"]:
             lines.append(f"- {t['target']}: {t['before_glue_gb']:,.0f} → "
-                         f"{t['after_glue_gb']:,.0f} GB (compiled; exact): {verdict}.")  # fmt: skip
+                         f"{t['after_glue_gb']:,.0f} GB (compiled; exact): {verdict}."
+                         f"{_switched(t)}")  # fmt: skip
             continue
         tail = "" if t.get("met_scaled") is not None else " by the MODEL"
         lines.append(f"- {t['target']}: MODEL {_ms(t['before_ms'])} → {_ms(t['after_ms'])} ms"
-                     f"{extra}{scaled}: {verdict}{tail}.")  # fmt: skip
+                     f"{extra}{scaled}: {verdict}{tail}.{_switched(t)}")  # fmt: skip
     return lines
+
+
+def _switched(t: dict[str, Any]) -> str:
+    """The target with the two switches on as well (step_glue.SWITCHES), where compiled."""
+    if "met_switches" not in t:
+        return ""
+    verdict = "**met**" if t["met_switches"] else "**not met**"
+    if "glue" in t["target"]:
+        return f" With the switches as well: {t['switches_glue_gb']:,.0f} GB: {verdict}."
+    if "switches_tokens_per_s" in t:
+        return (f" With the switches as well: MODEL {_ms(t['switches_ms'])} ms, "
+                f"{t['switches_tokens_per_s'] / 1e3:,.0f}k tokens/s: {verdict} by the MODEL.")  # fmt: skip
+    scaled = t.get("scaled_switches_ms")
+    return (f" With the switches as well: MODEL {_ms(t['switches_ms'])} ms"
+            + (f" (measured × its ratio {_ms(scaled)} ms)" if scaled else "")
+            + f": {verdict} by the MODEL.")  # fmt: skip
+
+
+def _switches_table(d: dict[str, Any]) -> str:
+    rows = []
+    for key, p in d["points"].items():
+        a, w = p.get("after"), p.get("switches")
+        if not (a and w):
+            continue
+        rows.append([
+            _label(key), _pair(_ms(a["ms"]), _ms(w["ms"])), f"{w['ms'] / a['ms'] - 1:+.0%}",
+            _pair(f"{a['launches']:,}", f"{w['launches']:,}"),
+            _pair(_gb(a["bytes"]), _gb(w["bytes"])),
+            _pair(_gb(a["glue_bytes"]), _gb(w["glue_bytes"])),
+            _pair(f"{a['memory_bytes'] / 2**30:.1f}", f"{w['memory_bytes'] / 2**30:.1f}"),
+            _pair(f"{a['compile_seconds']:.0f}", f"{w['compile_seconds']:.0f}"),
+        ])  # fmt: skip
+    if not rows:
+        return ""
+    return table(["point", "MODEL ms", "change", "launches", "GB moved", "glue GB",
+                  "compiled GiB", "compile s (this machine)"], rows, "lrrrrrrr")  # fmt: skip
 
 
 def _head(d: dict[str, Any]) -> list[str]:
@@ -167,7 +204,44 @@ def summary(raw: Raw) -> str:
         f"issue 37's {len(d['targets'])} targets are met; of the {len(scaled)} whose points were "
         f"timed, {sum(t['met_scaled'] for t in scaled)} by the measured times scaled by the "
         "MODEL's ratios (`benchmarks/results/step_glue_h100_model.md` lists them)."
+        + _summary_switches(d)
     )
+
+
+def _summary_switches(d: dict[str, Any]) -> str:
+    w = d["points"].get("LT_chunked:124M:65536", {}).get("switches")
+    if not w:
+        return ""
+    met = sum(bool(t.get("met_switches", t["met"])) for t in d["targets"])
+    return (
+        f" With `model.scan_layers: false` and `model.residual_dtype: bfloat16` as well, the "
+        f"64k step moves {_gb(w['glue_bytes'])} GB of glue in {w['launches']:,} launches "
+        f"({w['memory_bytes'] / 2**30:.1f} GiB), MODEL {_ms(w['ms'])} ms, and {met} of the "
+        "targets are met by the MODEL."
+    )
+
+
+def _switches_section(d: dict[str, Any], commit: str) -> list[str]:
+    """**after** against **switches**: the kernels, and the kernels with ``model.scan_layers:
+    false`` and ``model.residual_dtype: bfloat16`` (issue 37, item 4)."""
+    body = _switches_table(d)
+    if not body:
+        return []
+    lines = [
+        "## The two switches on top of the kernels (MODEL ms)", "",
+        "**after** as above; **switches**: the same with `model.scan_layers: false` (the blocks "
+        "unrolled: no stacking of per-layer activations) and `model.residual_dtype: bfloat16` "
+        f"(the residual stream in half the bytes; not nanoGPT's numerics), this tree at {commit}. "
+        "Compile seconds are this shared 2-core machine's.", "",
+        body, "",
+    ]  # fmt: skip
+    for key in FOCUS:
+        p = d["points"].get(key)
+        if p and "after" in p and "switches" in p:
+            lines += [f"### {_label(key)}: after → switches", "",
+                      _class_table(p, ("after", "switches")), "",
+                      _part_table(p, ("after", "switches")), ""]  # fmt: skip
+    return lines
 
 
 @renderer("step_glue.page")
@@ -203,6 +277,7 @@ def page(raw: Raw) -> str:
         "",
         *_targets(d),
         "",
+        *_switches_section(d, commit(costs.get("switches", {}))),
         "## The head and loss: as built, and fully fused (MODEL)",
         "",
         *_head(d),

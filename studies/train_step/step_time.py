@@ -281,6 +281,12 @@ class StepResult:
     loss_chunk: int | None = None
     oom_reason: str | None = None
     error: str | None = None
+    # The model options the setting ran with beyond the size's (``--model``; empty: none), and
+    # in a side-by-side run (:func:`side_by_side`) the name of its set of them and the median
+    # of each round (the rounds alternate the sets).
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    variant: str | None = None
+    rounds_ms: list[float] = dataclasses.field(default_factory=list)
 
 
 def chunk_candidates(context: int, candidates: Sequence[int]) -> list[int]:
@@ -307,11 +313,13 @@ def bench_setting(
     max_bytes: int | None = None,
     chunk_sizes: Sequence[int] = CHUNK_CANDIDATES,
     compiler_options: dict | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> StepResult:
-    """Time one (attention, size, context); never raises for OOM or a failing variant."""
-    base = model_config(size, attention, context, dtype=dtype)
+    """Time one (attention, size, context) with the model options ``overrides``; never raises
+    for OOM or a failing variant."""
+    base = model_config(size, attention, context, dtype=dtype, **(overrides or {}))
     n_params = count_params(param_shapes(base), non_embedding=False)
-    result = StepResult(attention, size, context, "ok", n_params)
+    result = StepResult(attention, size, context, "ok", n_params, overrides=dict(overrides or {}))
     spec = base.spec
     chunks: list[int | None] = (
         list(chunk_candidates(context, chunk_sizes)) if spec.sweep_chunk_size else [None]
@@ -413,11 +421,131 @@ def run_benchmark(
     return results
 
 
+def side_by_side(
+    attention: str,
+    size: str,
+    context: int,
+    variants: dict[str, dict[str, Any]],
+    *,
+    batch: int = 1,
+    dtype: str = "bfloat16",
+    chunk_size: int | None = None,
+    warmup: int = 2,
+    rounds: int = 5,
+    repeats: int = 5,
+    compiler_options: dict | None = None,
+    compile_threads: int = 1,
+    seed: int = 0,
+) -> list[StepResult]:
+    """One setting under each set of model options of ``variants`` (name -> overrides; the
+    first is the baseline), timed in one process side by side: every variant compiled first,
+    then ``rounds`` rounds of ``repeats`` steps each, the variants' order alternating from
+    round to round, so that a drift of the machine (clocks, heat) falls on all of them alike.
+    One :class:`StepResult` per variant (``variant``, ``overrides``, ``rounds_ms``: each
+    round's median; ``median_ms``: of all its timed steps); a variant that fails is recorded
+    as ``oom`` or ``error`` and the others still run. The states start from the same
+    parameters (the options change how the step is computed, not the parameters)."""
+    base = model_config(size, attention, context, dtype=dtype)
+    if chunk_size is not None and base.spec.sweep_chunk_size:
+        base = base.replace(chunk_size=chunk_size)
+    n_params = count_params(param_shapes(base), non_embedding=False)
+    cfgs = {name: base.replace(**o) for name, o in variants.items()}
+    results = {name: StepResult(attention, size, context, "ok", n_params, overrides=dict(o),
+                                variant=name, chunk_size=chunk_size if base.spec.sweep_chunk_size
+                                else None) for name, o in variants.items()}  # fmt: skip
+    if compile_threads > 1:
+        precompile(list(cfgs.values()), batch, compiler_options, compile_threads)
+    runs: dict[str, Any] = {}
+    for name, cfg in cfgs.items():
+        r = results[name]
+        try:
+            compiled, tx, resolved = compile_step(cfg, batch, compiler_options)
+            r.memory_bytes = step_memory_bytes(compiled)
+            r.remat, r.loss_chunk = resolved.remat, resolved.loss_chunk
+            r.compile_s = _COMPILE_SECONDS.get(_compiled_key(cfg, batch, compiler_options))
+            state = jax.device_put(initial_state(base, tx, seed, compiler_options))
+            runs[name] = [compiled, state]
+        except Exception as e:  # recorded; the other variants still run
+            gc.collect()
+            r.status = "oom" if is_oom(e) else "error"
+            r.oom_reason, r.error = (short_error(e), None) if is_oom(e) else (None, short_error(e))
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, base.vocab_size, (1, batch, context + 1), dtype=np.int32)
+    x, y = jax.device_put(tokens[..., :-1]), jax.device_put(tokens[..., 1:])
+    key = jax.random.key(seed)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+
+    def steps(name: str, n: int) -> list[float]:
+        out = []
+        compiled, state = runs[name]
+        for _ in range(n):
+            t0 = time.perf_counter()
+            state, metrics = compiled(state, x, y, key)
+            jax.block_until_ready((state, metrics))
+            out.append(time.perf_counter() - t0)
+        runs[name][1] = state
+        return out
+
+    order = list(runs)
+    try:
+        for name in order:
+            try:
+                steps(name, warmup)
+            except Exception as e:  # noqa: BLE001 - an OOM at run time, say
+                results[name].status = "oom" if is_oom(e) else "error"
+                results[name].error = short_error(e)
+        order = [n for n in order if results[n].status == "ok"]
+        for i in range(rounds):
+            for name in order if i % 2 == 0 else order[::-1]:
+                ts = steps(name, repeats)
+                times[name] += ts
+                results[name].rounds_ms.append(statistics.median(ts) * 1e3)
+    finally:
+        runs.clear()
+    for name in order:
+        r, ts = results[name], times[name]
+        if ts:
+            r.median_ms, r.min_ms, r.max_ms = (statistics.median(ts) * 1e3, min(ts) * 1e3,
+                                               max(ts) * 1e3)  # fmt: skip
+            r.times_ms = [t * 1e3 for t in ts]
+    return list(results.values())
+
+
+def side_by_side_ratios(results: Iterable[StepResult], batch: int = 1) -> list[dict[str, Any]]:
+    """Each setting timed side by side (rows with a ``variant``) at ``batch``: every
+    variant's median and its ratio to the first variant's (the baseline), overall and round
+    by round."""
+    groups: dict[tuple, list[StepResult]] = {}
+    for r in results:
+        if r.variant is not None:
+            groups.setdefault((r.attention, r.size, r.context, r.chunk_size), []).append(r)
+    out = []
+    for (attention, size, context, chunk), rows in groups.items():
+        base = rows[0]
+        entry: dict[str, Any] = {
+            "attention": attention, "size": size, "context": context, "batch": batch,
+            "chunk_size": chunk, "baseline": base.variant,
+            "median_ms": {r.variant: r.median_ms for r in rows},
+            "status": {r.variant: r.status for r in rows},
+            "overrides": {r.variant: r.overrides for r in rows},
+            "ratio": {}, "round_ratios": {},
+        }  # fmt: skip
+        for r in rows[1:]:
+            if r.median_ms and base.median_ms:
+                entry["ratio"][r.variant] = r.median_ms / base.median_ms
+                entry["round_ratios"][r.variant] = [
+                    a / b for a, b in zip(r.rounds_ms, base.rounds_ms, strict=False)
+                ]
+        out.append(entry)
+    return out
+
+
 def _settings(names, size, context, kwargs) -> list[ModelConfig]:
     """The configs :func:`bench_setting` will compile at one context (every chunk candidate)."""
     out = []
     for name in names:
-        base = model_config(size, name, context, dtype=kwargs.get("dtype", "bfloat16"))
+        base = model_config(size, name, context, dtype=kwargs.get("dtype", "bfloat16"),
+                            **(kwargs.get("overrides") or {}))  # fmt: skip
         if base.spec.sweep_chunk_size:
             chunks = chunk_candidates(context, kwargs.get("chunk_sizes", CHUNK_CANDIDATES))
             out += [base.replace(chunk_size=c) for c in chunks]
@@ -471,6 +599,8 @@ CSV_FIELDS = [
     "loss_chunk",
     "memory_bytes",
     "compile_s",
+    "variant",
+    "overrides",
     "times_ms",
     "chunk_ms",
     "oom_reason",
@@ -497,6 +627,7 @@ def write_results(
             row = dataclasses.asdict(r)
             row["times_ms"] = ";".join(f"{t:.4f}" for t in r.times_ms)
             row["chunk_ms"] = ";".join(f"{c}:{t:.4f}" for c, t in r.chunk_ms.items())
+            row["overrides"] = ";".join(f"{k}={v}" for k, v in r.overrides.items())
             row.update(
                 device_kind=env.get("device_kind"),
                 git_commit=env.get("git_commit"),
@@ -509,6 +640,9 @@ def write_results(
         "limits": limits(results),
         "slopes": slopes(results),
     }
+    pairs = side_by_side_ratios(results, meta.get("settings", {}).get("batch", 1))
+    if pairs:
+        payload["side_by_side"] = pairs
     json_path.write_text(json.dumps(payload, indent=1, default=json_default) + "\n")
     return csv_path, json_path
 
