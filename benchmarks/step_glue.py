@@ -66,7 +66,8 @@ def _worker(spec: dict, out: Path) -> None:
 def compile_point(point, label: str, code: Path | None, log=print) -> dict:
     """``point`` compiled in a subprocess importing ``linear_gpt2`` from ``code`` (default this
     tree), priced into cost rows."""
-    from linear_gpt2.experiments import hlo_costs, step_costs, step_glue
+    from linear_gpt2.experiments import hlo_costs
+    from studies.train_step import step_costs, step_glue
 
     spec = {**step_glue.spec(point, label), "key": point.key}
     with tempfile.TemporaryDirectory(prefix="step_glue_") as tmp:
@@ -83,7 +84,12 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--label", choices=("before", "after"), help="compile this label's points")
+    ap.add_argument(
+        "--label",
+        choices=("before", "after", "fused_head"),
+        help="compile this label's points (fused_head: after with "
+        "model.loss_kernel=pallas_fused; give --only)",
+    )
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")
     ap.add_argument("--commit", help="the commit --code was exported from (recorded)")
     ap.add_argument("--only", nargs="*", help="point keys to compile (default: all)")
