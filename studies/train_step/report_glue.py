@@ -137,6 +137,9 @@ def _head(d: dict[str, Any]) -> list[str]:
     alts = d.get("head_alternatives", {})
     if not alts:
         return ["(not compiled: `benchmarks/step_glue.py --label fused_head --only KEY`)"]
+    labels = d["meta"]["costs"]
+    after, fused = (short(labels.get(k, {}).get("environment", {}).get("git_commit"))
+                    for k in ("after", "fused_head"))  # fmt: skip
     lines = [
         "The head and loss as built (XLA's three GEMMs per chunk of `loss_chunk` tokens, the "
         'cross-entropy kernel between them: the "after" step) against the step with '
@@ -144,7 +147,9 @@ def _head(d: dict[str, Any]) -> list[str]:
         "log-sum-exp over vocabulary tiles and a backward kernel recomputing each block of "
         "logits, dx and dW by float32 atomic adds; no logits written), both compiled for the "
         "H100; bytes, launches and memory exact, ms a MODEL (the fused kernels at the Pallas "
-        "kernels' fitted FLOP fraction).",
+        'kernels\' fitted FLOP fraction). The "after" steps were compiled at '
+        f"{after}, the fused ones at {fused}: the whole-step columns include whatever else "
+        "changed between the two trees; the head and loss columns are that part alone.",
         "",
         "| point | head and loss MODEL ms | its GB moved | its launches | step MODEL ms | "
         "step GB moved | step launches | compiled GiB |",
