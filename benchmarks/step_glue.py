@@ -85,8 +85,9 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--label", choices=("before", "after", "switches"),
-                    help="compile this label's points (switches: step_glue.SWITCH_POINTS)")  # fmt: skip
+    ap.add_argument("--label", choices=("before", "after", "switches", "fused_head"),
+                    help="compile this label's points (switches: step_glue.SWITCH_POINTS; "
+                    "fused_head: after with model.loss_kernel=pallas_fused, give --only)")  # fmt: skip
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")
     ap.add_argument("--commit", help="the commit --code was exported from (recorded)")
     ap.add_argument("--only", nargs="*", help="point keys to compile (default: all)")

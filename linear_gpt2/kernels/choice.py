@@ -14,6 +14,10 @@ from __future__ import annotations
 from linear_gpt2 import kernels
 
 KERNELS = ("auto", "xla", "pallas")
+# model.loss_kernel's further choice: the head and the loss as one kernel pair that never writes
+# the logits (kernels/head_loss/). Only by name: auto does not pick it (no GPU has timed it).
+FUSED_HEAD = "pallas_fused"
+LOSS_KERNELS = (*KERNELS, FUSED_HEAD)
 # Off until a GPU has run the glue kernels' gpu tests and timed them against XLA (module doc).
 AUTO_PICKS_PALLAS = False
 _NOTED: set[str] = set()
@@ -30,6 +34,17 @@ def resolve(kernel: str, option: str = "kernel") -> str:
         _NOTED.add(option)
         kernels.note_choice(f"{option}=auto: pallas (the program is for a GPU)", __name__)
     return impl
+
+
+def resolve_loss(kernel: str, option: str = "model.loss_kernel") -> str:
+    """The implementation behind ``model.loss_kernel``: :func:`resolve`'s, or
+    :data:`FUSED_HEAD` when asked for by name."""
+    return FUSED_HEAD if kernel == FUSED_HEAD else resolve(kernel, option)
+
+
+def is_fused_head(impl: str) -> bool:
+    """Whether a resolved loss implementation is the fused head + loss (kernels/head_loss/)."""
+    return impl == FUSED_HEAD
 
 
 def is_pallas(impl: str) -> bool:

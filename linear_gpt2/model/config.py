@@ -19,6 +19,7 @@ from linear_gpt2 import attention
 from linear_gpt2.attention import schema
 from linear_gpt2.attention.options import Options, declared
 from linear_gpt2.kernels.choice import KERNELS as FUSED_KERNELS
+from linear_gpt2.kernels.choice import LOSS_KERNELS
 from linear_gpt2.platform.errors import check, check_choice
 
 DTYPES = ("float32", "bfloat16")
@@ -93,6 +94,11 @@ class ArchConfig:
     # (kernels/cross_entropy/), written over the logits: the head's matmuls stay XLA's, the
     # loss's reductions and elementwise passes become one kernel; with loss_chunk 0 the sequence
     # is one chunk. The same function. auto: pallas when compiling for a GPU, xla elsewhere.
+    # pallas_fused (asked for by name only; auto never picks it): the head's matmuls and the
+    # loss as one Pallas kernel pair (kernels/head_loss/) that never writes the [N, V] logits,
+    # loss_chunk ignored; the logits computed twice, dx and dW summed by float32 atomics (not
+    # bit-reproducible run to run), the gradient of the logits rounded to model.dtype before
+    # the backward's matmuls.
     loss_kernel: str = field(default="auto", metadata=RESUME_MAY_CHANGE)
     # The bias adds of c_attn (with the split into heads) and of the MLP's c_proj (with the
     # residual add) with their gradients, sums over tokens, fused into the pass that writes the
@@ -149,7 +155,7 @@ class ArchConfig:
         )
         check_choice(self.layernorm_kernel, "model.layernorm_kernel", FUSED_KERNELS)
         check_choice(self.mlp_kernel, "model.mlp_kernel", FUSED_KERNELS)
-        check_choice(self.loss_kernel, "model.loss_kernel", FUSED_KERNELS)
+        check_choice(self.loss_kernel, "model.loss_kernel", LOSS_KERNELS)
         check_choice(self.bias_kernel, "model.bias_kernel", FUSED_KERNELS)
         check(
             self.loss_positions >= 0,

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from linear_gpt2.kernels.choice import is_pallas, resolve
+from linear_gpt2.kernels.choice import is_fused_head, is_pallas, resolve_loss
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.layers import (
@@ -272,8 +272,8 @@ def remat_policy(name: str):
 
 def loss_kernel_of(cfg: ModelConfig) -> str:
     """The implementation of ``model.loss_kernel`` in the program being traced (``auto``:
-    ``pallas`` for a GPU target, ``xla`` elsewhere)."""
-    return resolve(cfg.loss_kernel, "model.loss_kernel")
+    ``pallas`` for a GPU target, ``xla`` elsewhere; ``pallas_fused`` by name only)."""
+    return resolve_loss(cfg.loss_kernel, "model.loss_kernel")
 
 
 def loss_chunk_tokens(cfg: ModelConfig) -> int:
@@ -367,8 +367,10 @@ class GPT(nn.Module):
             # The count after the logits, as the loss's (loss.counted: issue 38).
             return hits.sum(), counted_after(counted, logits).astype(jnp.int32)
         loss_kernel = loss_kernel_of(cfg)
-        if targets is not None and (loss_chunk_tokens(cfg) > 0 or is_pallas(loss_kernel)):
-            # With the Pallas loss kernel and no chunking the whole sequence is one chunk.
+        fused = is_pallas(loss_kernel) or is_fused_head(loss_kernel)
+        if targets is not None and (loss_chunk_tokens(cfg) > 0 or fused):
+            # With a Pallas loss kernel and no chunking the whole sequence is one chunk
+            # (pallas_fused has no chunks).
             chunk = loss_chunk_tokens(cfg) or math.prod(targets.shape)
             return head_cross_entropy(
                 x, wte.embedding, targets, chunk=chunk, dtype=cfg.dtype, kernel=loss_kernel

@@ -19,6 +19,12 @@ recomputed (a ``jax.checkpoint``-ed scan would run the head matmul a third time,
 4096 tokens and V = 50304). At 64k tokens the plain form holds 12.3 GiB of logits and as much
 again of their gradient.
 
+With ``kernel="pallas_fused"`` (``model.loss_kernel``) there are no chunks: the per-row losses
+come from ``kernels/head_loss``, whose forward kernel keeps an online log-sum-exp over
+vocabulary tiles and whose backward recomputes each block of logits from it, so neither the
+logits nor their gradient is ever written, and nothing of size ``[N, V]`` or ``[chunk, V]`` is
+allocated; the mean over counted targets is taken here.
+
 Precision: the same operations as autodiff of the plain head, chunk by chunk. The forward
 matmul takes operands in ``dtype`` (bfloat16 in training) and accumulates in float32; logits,
 log-sum-exp, softmax and the gradient of the logits are float32; the backward matmuls take that
@@ -36,7 +42,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from linear_gpt2.kernels import rows
-from linear_gpt2.kernels.choice import is_pallas
+from linear_gpt2.kernels.choice import is_fused_head, is_pallas
 from linear_gpt2.kernels.cross_entropy import naive as ce_naive
 from linear_gpt2.platform.mesh import DATA, SEQ, sequence_shards
 
@@ -159,11 +165,15 @@ def head_cross_entropy(
     Equals ``cross_entropy(einsum(x, w) in dtype -> float32, targets)``. ``kernel``: each
     chunk's losses and gradient by XLA's operations (``xla``) or one Pallas kernel
     (``pallas``, ``kernels/cross_entropy/``; then under a mesh of several devices each device
-    walks its own rows, as under context parallelism).
+    walks its own rows, as under context parallelism); or ``pallas_fused``: no chunks, the head
+    and the loss as one kernel pair that never writes the logits (``kernels/head_loss/``;
+    ``chunk`` unused), the gradient of the logits rounded to ``dtype`` before the backward's
+    matmuls (in float32 no rounding).
     """
     if chunk < 1:
         raise ValueError(f"loss chunk must be >= 1 token, got {chunk}")
-    if x.ndim == 3 and (sequence_shards() > 1 or (is_pallas(kernel) and rows.split(x))):
+    kernels_on = is_pallas(kernel) or is_fused_head(kernel)
+    if x.ndim == 3 and (sequence_shards() > 1 or (kernels_on and rows.split(x))):
         return _over_devices(x, w, targets, chunk, jnp.dtype(dtype).name, kernel)
     return _local(x, w, targets, chunk, jnp.dtype(dtype).name, kernel)
 
@@ -171,8 +181,23 @@ def head_cross_entropy(
 def _local(x, w, targets, chunk: int, dtype: str, kernel: str = "xla") -> jax.Array:
     C = x.shape[-1]
     x2, t2 = x.reshape(-1, C), targets.reshape(-1)
+    if is_fused_head(kernel):
+        return _fused_head(x2, w, t2, dtype)
     chunk = min(chunk, x2.shape[0])
     return _head_cross_entropy(x2.astype(F32), w.astype(F32), t2, chunk, dtype, kernel)
+
+
+def _fused_head(x, w, targets, dtype: str) -> jax.Array:
+    """Mean loss of x ``[N, C]`` by ``kernels/head_loss`` (per-row losses, the logits never
+    written): the matmuls' operands in ``dtype``, as the chunked form; the mean over counted
+    targets in float32 here. Its gradients come back in ``dtype``, rounded once, and
+    autodiff of the casts returns them in float32, as the chunked form's."""
+    from linear_gpt2.kernels.head_loss import ops  # Pallas: imported when picked
+
+    dt = jnp.dtype(dtype)
+    nll = ops.head_nll(x.astype(dt), w.astype(dt), targets, kernel="pallas")
+    count = jnp.maximum(counted(targets != IGNORE_INDEX, nll), 1.0)  # after the layers
+    return nll.sum() / count
 
 
 def _over_devices(x, w, targets, chunk: int, dtype: str, kernel: str = "xla") -> jax.Array:

@@ -171,17 +171,42 @@ def _switches_table(d: dict[str, Any]) -> str:
 
 
 def _head(d: dict[str, Any]) -> list[str]:
-    lines = []
-    for key, a in d.get("head_alternatives", {}).items():
-        f = a["fully_fused_head"]
-        lines.append(
-            f"- {_label(key)}: the head and loss as built (XLA's three GEMMs per chunk, the "
-            f"cross-entropy kernel between them) {_ms(a['head_as_built_ms'])} ms; one fused "
-            f"kernel pair that never writes logits ({f['flops'] / 1e12:,.1f} TFLOP: the logits "
-            f"computed twice; {f['bytes'] / 1e9:,.0f} GB of float32 atomic adds for dx and dW) "
-            f"{_ms(f['ms_at_pallas_fraction'])} ms at the Pallas kernels' fitted FLOP fraction, "
-            f"{_ms(f['ms_at_matmul_fraction'])} ms at the GEMMs'."
-        )
+    alts = d.get("head_alternatives", {})
+    if not alts:
+        return ["(not compiled: `benchmarks/step_glue.py --label fused_head --only KEY`)"]
+    labels = d["meta"]["costs"]
+    after, fused = (short(labels.get(k, {}).get("environment", {}).get("git_commit"))
+                    for k in ("after", "fused_head"))  # fmt: skip
+    lines = [
+        "The head and loss as built (XLA's three GEMMs per chunk of `loss_chunk` tokens, the "
+        'cross-entropy kernel between them: the "after" step) against the step with '
+        "`model.loss_kernel=pallas_fused` (`kernels/head_loss/`: a forward kernel with an online "
+        "log-sum-exp over vocabulary tiles and a backward kernel recomputing each block of "
+        "logits, dx and dW by float32 atomic adds; no logits written), both compiled for the "
+        "H100; bytes, launches and memory exact, ms a MODEL (the fused kernels at the Pallas "
+        'kernels\' fitted FLOP fraction). The "after" steps were compiled at '
+        f"{after}, the fused ones at {fused}: the whole-step columns include whatever else "
+        "changed between the two trees; the head and loss columns are that part alone.",
+        "",
+        "| point | head and loss MODEL ms | its GB moved | its launches | step MODEL ms | "
+        "step GB moved | step launches | compiled GiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, a in alts.items():
+        b, f = a["as_built"], a["fused"]
+        bh, fh = b["head"], f["head"]
+        cells = [
+            _pair(_ms(bh.get("ms")), _ms(fh.get("ms"))),
+            _pair(_gb(bh.get("bytes", 0.0)), _gb(fh.get("bytes", 0.0))),
+            _pair(f"{bh.get('launches', 0):,}", f"{fh.get('launches', 0):,}"),
+            _pair(_ms(b["ms"]), _ms(f["ms"])),
+            _pair(_gb(b["bytes"]), _gb(f["bytes"])),
+            _pair(f"{b['launches']:,}", f"{f['launches']:,}"),
+            _pair(f"{b['memory_bytes'] / 2**30:.1f}", f"{f['memory_bytes'] / 2**30:.1f}"),
+        ]
+        lines.append(f"| {_label(key)} | " + " | ".join(cells) + " |")
+    flops = ", ".join(f"{_label(k)} {a['fused_flops'] / 1e12:,.1f} TFLOP" for k, a in alts.items())
+    lines += ["", f"The fused kernels' FLOPs (the logits computed twice, 8 N V C): {flops}."]
     return lines
 
 
@@ -278,7 +303,7 @@ def page(raw: Raw) -> str:
         *_targets(d),
         "",
         *_switches_section(d, commit(costs.get("switches", {}))),
-        "## The head and loss: as built, and fully fused (MODEL)",
+        "## The head and loss: as built, and fused without logits (compiled; MODEL ms)",
         "",
         *_head(d),
         "",

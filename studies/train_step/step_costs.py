@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from linear_gpt2.experiments import hlo_costs
+from linear_gpt2.kernels.head_loss import cost as head_loss_cost
 from linear_gpt2.kernels.lt_chunked import cost as lt_cost
 from linear_gpt2.kernels.lt_chunked import plan as lt_plan
 from studies.train_step.step_time import SIZES
@@ -114,6 +115,8 @@ def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
     out = {"lt_chunked_" + k.name: k for k in ks if not k.name.startswith(("xla", "fwd_h ("))}
     for k in _attention_parallel_costs(B, T, H, Dp, lt_plan.tile(c, Dp)):
         out["lt_attention_parallel_" + k.name] = k
+    for k in head_loss_cost.kernel_costs(B * T, dims["vocab_size"], dims["n_embd"]):
+        out[k.name] = k  # model.loss_kernel=pallas_fused (kernels/head_loss/)
     return out
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from linear_gpt2.kernels.head_loss import cost as head_loss_cost
 from studies.train_step import step_costs
 from studies.train_step import step_model as sm
 
@@ -77,6 +78,10 @@ AFTER_KERNELS = {f"{k}_kernel": "pallas" for k in ("layernorm", "mlp", "loss", "
 SWITCHES = {"scan_layers": False, "residual_dtype": "bfloat16"}
 SWITCH_POINTS = ("LT_chunked:124M:65536", "LT_chunked:124M:16x1024", "flash:124M:65536")
 LABELS = ("before", "after", "switches")
+# The head and loss priced by the real fused kernel pair (kernels/head_loss/): "after" with
+# model.loss_kernel=pallas_fused, compiled at the long-context points only.
+FUSED_HEAD = "fused_head"
+FUSED_HEAD_KERNELS = {**AFTER_KERNELS, "loss_kernel": "pallas_fused"}
 
 
 def spec(point: GluePoint, label: str) -> dict[str, Any]:
@@ -88,6 +93,8 @@ def spec(point: GluePoint, label: str) -> dict[str, Any]:
         overrides |= AFTER_KERNELS
     if label == "switches":
         overrides |= SWITCHES
+    elif label == FUSED_HEAD:
+        overrides |= FUSED_HEAD_KERNELS
     return {
         "attention": point.attention, "size": point.size, "context": point.context,
         "batch": point.batch, "chunk_size": point.chunk_size, "overrides": overrides,
@@ -209,24 +216,23 @@ def targets(points: dict[str, dict[str, Any]], measured: dict[str, float]) -> li
     return out
 
 
-def fully_fused_head(point: GluePoint, params: sm.Params, tile: int = 128) -> dict[str, Any]:
-    """The MODEL of the head + loss as one fused kernel pair that never writes logits (the
-    design of Cut Cross-Entropy, not built; docs/design.md says why): a forward pass over
-    vocabulary tiles for the log-sum-exp (2 N V C FLOPs), and a backward recomputing each
-    [tile, tile] block of logits and adding its share of dx and dW with float32 atomics (6 N V C:
-    the logits again, dx, dW), each program's atomic adds counted once as HBM bytes ((tile +
-    tile) C floats per block). Priced at the fitted Pallas fraction (what the MODEL credits our
-    kernels) and at the matmul fraction (what it credits XLA's GEMMs)."""
+def fused_head(point: GluePoint, as_built: dict[str, Any], fused: dict[str, Any]) -> dict:
+    """The head and loss as built ("after": XLA's three GEMMs per chunk of ``loss_chunk``
+    tokens, the cross-entropy kernel between them) against the fused kernel pair that never
+    writes logits (``model.loss_kernel=pallas_fused``), both priced from their compiled steps:
+    the part "head and loss" (MODEL ms, bytes, launches), the whole step's MODEL ms, bytes,
+    launches and compiled memory, and the fused kernels' FLOPs as the cost model counts them
+    (the logits computed twice: 8 N V C)."""
     N = point.batch * point.context
     dims = step_costs.SIZES[point.size]
-    V, C = dims["vocab_size"], dims["n_embd"]
-    flops = 8.0 * N * V * C
-    atomics = (N / tile) * (V / tile) * 2 * tile * C * 4.0
-    out = {"flops": flops, "bytes": atomics}
-    for name, frac in (("pallas_fraction", params.kernel), ("matmul_fraction", params.matmul)):
-        out[f"ms_at_{name}"] = 1e3 * max(flops / (frac * sm.PEAK_FLOPS),
-                                         atomics / (params.memory * sm.PEAK_BYTES))  # fmt: skip
-    return out
+    flops = head_loss_cost.flops(N, dims["vocab_size"], dims["n_embd"])
+
+    def side(p: dict[str, Any]) -> dict[str, Any]:
+        return {"head": p["by_part"].get("head and loss", {}), "ms": p["ms"],
+                "bytes": p["bytes"], "launches": p["launches"],
+                "memory_bytes": p["memory_bytes"]}  # fmt: skip
+
+    return {"as_built": side(as_built), "fused": side(fused), "fused_flops": flops}
 
 
 def summarise(costs: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
@@ -238,7 +244,7 @@ def summarise(costs: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     for p in POINTS:
         entry: dict[str, Any] = {"point": dataclasses.asdict(p), "measured_key": p.measured_key}
         for label, done in costs["points"].items():
-            if p.key in done:
+            if label != FUSED_HEAD and p.key in done:
                 c = done[p.key]
                 entry[label] = {**price(c["rows"], params), "memory_bytes": c["memory_bytes"],
                                 "compile_seconds": c["compile_seconds"]}  # fmt: skip
@@ -246,10 +252,10 @@ def summarise(costs: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
             points[p.key] = entry
     alternatives = {}
     for p in POINTS:
-        if p.key in points and "after" in points[p.key] and p.context >= 64 * K:
-            head = points[p.key]["after"]["by_part"].get("head and loss", {})
-            alternatives[p.key] = {"head_as_built_ms": head.get("ms"),
-                                   "fully_fused_head": fully_fused_head(p, params)}  # fmt: skip
+        c = costs["points"].get(FUSED_HEAD, {}).get(p.key)
+        if p.key in points and "after" in points[p.key] and c:
+            fused = {**price(c["rows"], params), "memory_bytes": c["memory_bytes"]}
+            alternatives[p.key] = fused_head(p, points[p.key]["after"], fused)
     return {"points": points, "targets": targets(points, measured),
             "head_alternatives": alternatives,
             "measured": {k: measured[v["measured_key"]] for k, v in points.items()
