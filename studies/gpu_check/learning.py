@@ -1,8 +1,9 @@
 """The learning cells of ``make gpu-check`` (its second pass): the sweeps, their points, and what
 their runs say.
 
-- ``mqar``: Zoology's (256, 16) MQAR cell with its zeros, softmax, at Zoology's budget
-  (``configs/sweeps/mqar_zoology_gpu.yaml``), which the CPU could not give it;
+- ``mqar``: Zoology's (256, 16) MQAR cell with its zeros, softmax, and Based's recipe (taylor2,
+  short convolution) at ReBased's L = 128 and 256, at Zoology's budget
+  (``configs/sweeps/mqar_zoology_gpu.yaml``), which the CPU could not give them;
 - ``context``: the context grid of ``configs/sweeps/context_cpu.yaml`` with two seeds
   (``configs/sweeps/context_gpu.yaml``), trained for two passes over the corpus's training
   split: ``train.max_steps`` is counted here from the corpus, so that it follows the corpus.
@@ -35,8 +36,9 @@ class SweepSpec:
 
 
 SWEEPS = (
-    SweepSpec("mqar", "configs/sweeps/mqar_zoology_gpu.yaml", "Zoology's (256, 16) MQAR cell "
-              "with its zeros, softmax, Zoology's budget", "mqar_update", False),
+    SweepSpec("mqar", "configs/sweeps/mqar_zoology_gpu.yaml", "MQAR at Zoology's budget: its "
+              "(256, 16) cell with its zeros, softmax; Based's recipe at ReBased's L = 128 and "
+              "256", "mqar_update", False),
     SweepSpec("context", "configs/sweeps/context_gpu.yaml", "the context grid, two passes over "
               "the corpus, two seeds", "context_update", True, 4),
 )  # fmt: skip
