@@ -86,10 +86,11 @@ def plan_estimates(fm: str, T: int) -> dict:
 
 def compile_point(fm: str, T: int) -> dict:
     from linear_gpt2.attention import feature_maps
-    from linear_gpt2.experiments import compile_step, hlo_costs, step_costs
+    from linear_gpt2.experiments import compile_step, hlo_costs
     from linear_gpt2.kernels import key_blocks
     from linear_gpt2.platform import provenance
     from linear_gpt2.training import memory_plan
+    from studies.train_step import step_costs
     from studies.train_step import step_model as sm
 
     fdim = MAPS[fm]
