@@ -181,30 +181,18 @@ def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D, 
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
-# Known regression (strict: the test fails once it is fixed, to be turned back): since issue
-# 39's port onto issue 36's options, pallas_tiled's kernels with key blocks spill on the H100
-# (they compiled without spills at 78c73a3); pallas_blocked and LT_chunked's do not.
-_TILED_SPILLS = pytest.mark.xfail(
-    strict=True, raises=target.CompileError,
-    reason="pallas_tiled with key blocks spills registers since the options port (issue 39)",
-)  # fmt: skip
-
-
-def _wider_keys_case(name, kernel, expected):
-    marks = [_TILED_SPILLS] if kernel == "pallas_tiled" else []
-    return pytest.param(name, kernel, expected, marks=marks)
-
-
 @SLOW
 @pytest.mark.parametrize(
     "name, kernel, expected",
-    [("LT_chunked", "pallas", FORGET_KERNELS), *(
-        _wider_keys_case("LT_attention_parallel", k, v) for k, v in PARALLEL_KERNELS.items())],
+    [("LT_chunked", "pallas", FORGET_KERNELS),
+     *(("LT_attention_parallel", k, v) for k, v in PARALLEL_KERNELS.items())],
 )  # fmt: skip
 def test_kernels_with_wider_keys_compile_without_spills(name, kernel, expected):
     """Issue 39: Based's Taylor map of a 16-dim projection, 153 key features for 64 value
     columns, as 3 blocks folded into the heads (``kernels/key_blocks.py``): the kernels'
-    unnormalised forward and their backward compile without spills, with resets and gates."""
+    unnormalised forward and their backward compile without spills, with resets and gates. The
+    spill check covers every kernel of the program, XLA's own fusions too: the per-block log-gate
+    sums once fused into one loop kernel that spilled (``lt_attention_parallel.ops``)."""
     r = compile_step.compile_attention(
         name, (1, 1024, 12, 64), "bfloat16", "h100", fail_on_spill=True, chunk_size=64,
         kernel=kernel, resets=True, log_gate=True, key_dim=16, feature_map="taylor2",

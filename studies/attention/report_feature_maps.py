@@ -24,6 +24,45 @@ def _kernels(p: dict[str, Any]) -> str:
     return f"{len(ks)} kernels, {min(regs)}-{max(regs)} registers, spills {max(spills or [0])} B"
 
 
+def _first_try(p: dict[str, Any]) -> str:
+    """What ``auto`` resolves to before compiling (the plan's estimates, traced): the candidate
+    it compiles first, or the most frugal where none is estimated to fit."""
+    plan = p.get("plan")
+    if not plan:
+        return ""
+    cands = plan["candidates"]
+    fit = [c for c in cands if c["compiled"]]
+    if fit:
+        c = min(fit, key=lambda c: c["modelled_ms"])
+        return f"estimated {gib(c['memory_bytes'])} GiB at {c['setting']} (auto's first try)"
+    c = min(cands, key=lambda c: c["memory_bytes"])
+    return (
+        f"no setting estimated to fit {gib(plan['budget_bytes'])} GiB: the most frugal, "
+        f"{c['setting']}, {gib(c['memory_bytes'])} GiB"
+    )
+
+
+def _unfinished(p: dict[str, Any]) -> str | None:
+    """A point without a compiled step: its timeout or error, or None."""
+    if "timeout_s" in p:
+        return f"compile did not finish in {p['timeout_s']:.0f} s"
+    if "error" in p:
+        return "does not compile: " + p["error"][:120]
+    return None
+
+
+def _commits(points: dict[str, dict[str, Any]], default: str | None) -> str:
+    """Which commit each point was compiled at: one commit, or each with its points."""
+    by: dict[str | None, list[str]] = {}
+    for p in sorted(points.values(), key=lambda p: p["context"]):
+        by.setdefault(p.get("commit", default), []).append(
+            f"{p['feature_map']} {context_label(p['context'])}"
+        )
+    if len(by) == 1:
+        return f"commit {short(next(iter(by)))}"
+    return "commits " + "; ".join(f"{short(c)} ({', '.join(ps)})" for c, ps in by.items())
+
+
 @renderer("feature_map_cost.page")
 def page(raw: Raw) -> str:
     """Per context: flash (measured and modelled, from the step model's cache), then each
@@ -38,8 +77,8 @@ def page(raw: Raw) -> str:
         "# What recall costs: the 124M step per feature map, compiled for the H100",
         "",
         f"**{how(prov)}** for the H100 on a CPU machine (deviceless: XLA's buffer assignment of "
-        "the H100 program and ptxas's registers, nothing run) with the code of commit "
-        f"{short(prov['commit'])}, jax {prov['jax']}: the training step of {s['size']} (batch "
+        "the H100 program and ptxas's registers, nothing run) with the code of "
+        f"{_commits(points, prov['commit'])}, jax {prov['jax']}: the training step of {s['size']} (batch "
         f"{s['batch']}, {s['dtype']}, AdamW) with `{s['attention']}` (chunk {s['chunk_size']}, "
         f"`kernel: {s['kernel']}`: the Pallas kernels) and each feature map, the auto memory "
         "settings resolved against the H100's budget; `" + s["command"] + "`. The step times are "
@@ -47,7 +86,10 @@ def page(raw: Raw) -> str:
         f"H100 steps, `{d['meta']['model']}`), not measured, except the columns marked measured "
         "(the lent H100, the points the model was fitted on). Keys wider than the 64 value "
         "columns run as blocks of 64 folded into the heads (`kernels/key_blocks.py`: 3 blocks "
-        "for 153 features, 33 for 2,080), so every kernel is the softplus one at more heads.",
+        "for 153 features, 33 for 2,080), so every kernel is the softplus one at more heads. "
+        "A point whose compile did not finish within its bound (`--timeout`, one compile at a "
+        "time on 2 shared cores) or failed says so, with the memory auto's plan estimated "
+        "(traced, not compiled) for the setting it would compile first.",
         "",
     ]
     for T in contexts:
@@ -61,9 +103,9 @@ def page(raw: Raw) -> str:
             p = points.get(f"{fm}:{T}")
             if p is None:
                 continue
-            if "error" in p:
-                rows.append([f"`{fm}`", "", "", "does not compile", p["error"][:120], "", "", "",
-                             ""])  # fmt: skip
+            why = _unfinished(p)
+            if why:
+                rows.append([f"`{fm}`", "", "", why, _first_try(p), "", "", "", ""])
                 continue
             measured = (
                 cached.get(f"LT_chunked:{T}", {}).get("measured_ms") if fm == "softplus" else None
@@ -115,6 +157,9 @@ def summary_table(raw: Raw) -> str:
             base = points.get(f"softplus:{T}", {}).get("modelled_ms")
             if p is None:
                 cells.append("")
+            elif "timeout_s" in p:
+                est = _first_try(p).split(" (")[0]
+                cells.append(f"compile > {p['timeout_s']:.0f} s" + (f"; {est}" if est else ""))
             elif "error" in p:
                 cells.append("does not compile")
             else:

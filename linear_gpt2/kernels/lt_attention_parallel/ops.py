@@ -105,17 +105,28 @@ def _key_blocks(fq, v) -> int:
     return key_blocks.plan(Dk, D)[1]
 
 
-def _block_kernels(design: tuple, c: int, eps: float):
-    """``(forward, backward, tile)`` of the chosen design on folded, padded inputs: forward(fq,
-    fk, v, log_gate, seg) -> (num float32, den [B, H, T]) unnormalised; backward(fq, fk, v, y,
-    dy, den, log_gate, seg) -> (dphi(q), dphi(k), dv, dL or None) with y and den the summed
-    ones; ``tile`` the multiple T must be padded to."""
+def _block_kernels(design: tuple, c: int, eps: float, nk: int):
+    """``(forward, backward, tile)`` of the chosen design on folded, padded inputs (``nk`` key
+    blocks per head): forward(fq, fk, v, log_gate, seg) -> (num float32, den [B, H NK, T])
+    unnormalised; backward(fq, fk, v, y, dy, den, log_gate, seg) -> (dphi(q), dphi(k), dv, dL
+    or None) with y and den the summed ones; ``tile`` the multiple T must be padded to.
+
+    ``log_gate`` is the layer's, ``[B, T, H]``, not repeated per block: its within-block sums
+    are taken per head and only those repeated (a head's blocks share its gates). Summing the
+    repeated log-gates instead had XLA fuse the forward's and the backward's cumulative sums of
+    one broadcast into a single loop kernel that spills registers on the H100."""
     kernel, t = design
+
+    def repeat(*gates):
+        return tuple(key_blocks.repeat_heads(x, nk, 2) for x in gates)
+
     if kernel == BLOCKED:
         from linear_gpt2.kernels.lt_attention_parallel import blocked
 
         def gates(log_gate, Dp):
-            return None if log_gate is None else kernels.block_cumsum(log_gate, blocked.tile(c, Dp))
+            if log_gate is None:
+                return None
+            return repeat(kernels.block_cumsum(log_gate, blocked.tile(c, Dp)))[0]
 
         def forward(fq, fk, v, log_gate, seg):
             b = gates(log_gate, fq.shape[-1])
@@ -129,12 +140,16 @@ def _block_kernels(design: tuple, c: int, eps: float):
         return forward, backward, c
     from linear_gpt2.kernels.lt_attention_parallel import tiled
 
+    def gates(log_gate, seg, rows: int):
+        if log_gate is None:
+            return None
+        return (*repeat(*tiled.block_gates(log_gate, rows)), seg)
+
     def forward(fq, fk, v, log_gate, seg):
-        gate = tiled._gates(log_gate, seg, t.tk)
-        return tiled.forward(fq, fk, v, t, eps, gate, normalise=False)
+        return tiled.forward(fq, fk, v, t, eps, gates(log_gate, seg, t.tk), normalise=False)
 
     def backward(fq, fk, v, y, dy, den, log_gate, seg):
-        gate = tiled._gates(log_gate, seg, t.tq)
+        gate = gates(log_gate, seg, t.tq)
         out = tiled.backward(fq, fk, v, y, dy, den, t, eps, gate)
         dq32 = out[0]
         if gate is None:
@@ -151,9 +166,8 @@ def _split_core(fq, fk, v, log_gate, seg, design: tuple, c: int, eps: float, nk:
 
 
 def _split_forward(fq, fk, v, log_gate, seg, design, c, eps, nk):
-    forward, _, _ = _block_kernels(design, c, eps)
-    lg = None if log_gate is None else key_blocks.repeat_heads(log_gate, nk, 2)
-    num, den = forward(fq, fk, key_blocks.repeat_heads(v, nk, 2), lg, seg)
+    forward, _, _ = _block_kernels(design, c, eps, nk)
+    num, den = forward(fq, fk, key_blocks.repeat_heads(v, nk, 2), log_gate, seg)
     num = key_blocks.sum_heads(num, nk, 2)
     den = key_blocks.sum_heads(den, nk, 1)
     r = jnp.swapaxes(kernels.reciprocal(den, eps), 1, 2)[..., None]
@@ -167,12 +181,11 @@ def _split_fwd(fq, fk, v, log_gate, seg, design, c, eps, nk):
 
 def _split_bwd(design, c, eps, nk, residuals, dy):
     fq, fk, v, log_gate, seg, y, den = residuals
-    _, backward, _ = _block_kernels(design, c, eps)
+    _, backward, _ = _block_kernels(design, c, eps, nk)
     rep = key_blocks.repeat_heads
-    lg = None if log_gate is None else rep(log_gate, nk, 2)
     dq, dk, dv, dL = backward(
         fq, fk, rep(v, nk, 2), rep(y, nk, 2), rep(dy.astype(y.dtype), nk, 2), rep(den, nk, 1),
-        lg, seg,
+        log_gate, seg,
     )  # fmt: skip
     dv = key_blocks.sum_heads(dv, nk, 2)
     dlog = None
@@ -193,7 +206,7 @@ def _split_attention(fq, fk, v, log_gate, seg, c: int, eps: float, choice: cost.
     kernels.check_fused_shape(T, D, c, "LT_attention_parallel kernel=pallas")
     Dp, nk = key_blocks.plan(Dk, D)
     design = (choice.kernel, choice.tiles)
-    _, _, multiple = _block_kernels(design, c, eps)
+    _, _, multiple = _block_kernels(design, c, eps, nk)
     pad_t = -T % multiple
 
     def prep(x):
