@@ -124,6 +124,13 @@ def page(raw: Raw) -> str:
                 f"{gib(p['memory_bytes'])} GiB" + ("" if p["fits"] else " (over)"), p["setting"],
                 _ms(p["modelled_ms"]) + vs_soft, _ms(measured), vs_flash, _kernels(p),
             ])  # fmt: skip
+        settings = {p["setting"] for fm in maps if (p := points.get(f"{fm}:{T}"))
+                    and not _unfinished(p)}  # fmt: skip
+        mixed = (
+            ["", "The maps run at different auto settings here (column 'setting'): a ratio "
+             "between two of them prices the setting as well as the feature map."]
+            if len(settings) > 1 else []
+        )  # fmt: skip
         lines += [
             f"## {context_label(T)} tokens",
             "",
@@ -133,6 +140,7 @@ def page(raw: Raw) -> str:
                  "modelled / flash's", "Pallas kernels (max over launches)"],
                 rows,
             ),
+            *mixed,
             "",
         ]  # fmt: skip
     return "\n".join(lines).rstrip()
