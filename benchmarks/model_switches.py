@@ -52,12 +52,13 @@ def stacking(rows: list[dict]) -> dict[str, float]:
 
 
 def compile_variant(context: int, loss_chunk: int, remat: str, switches: dict) -> dict:
-    from linear_gpt2.experiments import hlo_costs, step_costs
+    from linear_gpt2.experiments import hlo_costs
     from linear_gpt2.experiments.compile_step import mesh
     from linear_gpt2.platform.target import compile_program, get
     from linear_gpt2.training.config import TrainConfig
     from linear_gpt2.training.optim import optimizer
     from linear_gpt2.training.train_step import jit_train_step
+    from studies.train_step import step_costs
     from studies.train_step.step_time import model_config
 
     t = get("h100")

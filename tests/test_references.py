@@ -15,6 +15,8 @@ prefix that is a module must exist, and the next name must be defined at that mo
 level. A config key (``attention.chunk_size``, ``model.remat``) is not a module path. Paths into
 other projects (flash-linear-attention's ``fla/ops/...``, JAX's sources, the papers'
 repositories) are listed in :data:`ELSEWHERE`.
+Every ``from linear_gpt2... / studies... import name`` in the code, inside functions too, resolves
+(:func:`test_every_first_party_import_resolves`).
 """
 
 from __future__ import annotations
@@ -231,4 +233,66 @@ def test_the_checker_finds_stale_references():
         "linear_gpt2/kernels/nothing/",
         "linear_gpt2.attention.flash_context.ring_local",
         "kernels.flash.ring.no_such_function",
+    ]
+
+
+FIRST_PARTY = ("linear_gpt2", "studies")
+
+
+def first_party_imports(path: Path) -> list[tuple[int, str, str]]:
+    """``(line, module, name)`` for every ``from linear_gpt2... / studies... import name`` in
+    ``path``, the ones inside functions too (they run only on their own path, such as a
+    benchmark's compile step, so importing the file does not check them)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in FIRST_PARTY:
+                out += [(node.lineno, node.module, a.name) for a in node.names]
+    return out
+
+
+def unresolved(imports: list[tuple[int, str, str]]) -> list[str]:
+    """The imports whose module does not exist or does not define (or contain) the name."""
+    import importlib
+    import importlib.util
+
+    bad = []
+    for line, module, name in imports:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError:
+            bad.append(f"{line}: from {module} import {name} (no module {module})")
+            continue
+        if name != "*" and not hasattr(mod, name) and (
+            importlib.util.find_spec(f"{module}.{name}") is None
+        ):  # fmt: skip
+            bad.append(f"{line}: from {module} import {name} ({module} has no {name})")
+    return bad
+
+
+def test_every_first_party_import_resolves():
+    """A module moved between the library and the studies breaks here, not in a researcher's
+    run: every ``from linear_gpt2... import x`` and ``from studies... import x`` of the
+    package, the studies, the scripts, the benchmarks and the tests names a module that exists
+    and a name it has."""
+    files = [p for top in ("linear_gpt2", "studies", "scripts", "benchmarks", "tests")
+             for p in sorted((ROOT / top).rglob("*.py"))]  # fmt: skip
+    imports = {p: first_party_imports(p) for p in files}
+    assert sum(map(len, imports.values())) > 500
+    broken = {str(p.relative_to(ROOT)): bad for p, i in imports.items() if (bad := unresolved(i))}
+    assert not broken, broken
+
+
+def test_the_import_checker_finds_a_moved_module(tmp_path):
+    f = tmp_path / "bench.py"
+    f.write_text(
+        "def compile_it():\n"
+        "    from linear_gpt2.experiments import hlo_costs, step_costs\n"
+        "    from linear_gpt2.no_such_layer import x\n"
+        "    from studies.train_step import step_costs\n"
+    )
+    assert unresolved(first_party_imports(f)) == [
+        "2: from linear_gpt2.experiments import step_costs (linear_gpt2.experiments has no "
+        "step_costs)",
+        "3: from linear_gpt2.no_such_layer import x (no module linear_gpt2.no_such_layer)",
     ]
