@@ -10,7 +10,8 @@ milliseconds are the MODEL's, not a measurement.
 
     python benchmarks/step_glue.py --label before --code DIR   # compile with another tree's code
     python benchmarks/step_glue.py --label after               # compile with this tree
-    python benchmarks/step_glue.py --label switches            # and with scan_layers / residual_dtype
+    python benchmarks/step_glue.py --label unrolled            # and with scan_layers: false
+    python benchmarks/step_glue.py --label switches            # and residual_dtype: bfloat16 too
     python benchmarks/step_glue.py --no-compile                # price the cache, write json + md
 
 ``--code DIR`` compiles in a subprocess that imports ``linear_gpt2`` from DIR (e.g. ``git
@@ -85,8 +86,8 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--label", choices=("before", "after", "switches", "fused_head"),
-                    help="compile this label's points (switches: step_glue.SWITCH_POINTS; "
+    ap.add_argument("--label", choices=("before", "after", "unrolled", "switches", "fused_head"),
+                    help="compile this label's points (unrolled, switches: step_glue.SWITCH_POINTS; "
                     "fused_head: after with model.loss_kernel=pallas_fused, give --only)")  # fmt: skip
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")
     ap.add_argument("--commit", help="the commit --code was exported from (recorded)")
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
         for p in step_glue.POINTS:
             if (args.only and p.key not in args.only) or (p.key in done and not args.restart):
                 continue
-            if args.label == "switches" and p.key not in step_glue.SWITCH_POINTS:
+            if args.label in step_glue.SWITCH_LABELS and p.key not in step_glue.SWITCH_POINTS:
                 continue
             entry = compile_point(p, args.label, args.code)
             env = entry.pop("environment")

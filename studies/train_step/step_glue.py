@@ -72,29 +72,30 @@ POINTS: list[GluePoint] = [
 # "after": every glue kernel asked for by name (``auto`` keeps XLA's program until a GPU has
 # run them: kernels/choice.py); "before" is an older tree, which has no such options.
 AFTER_KERNELS = {f"{k}_kernel": "pallas" for k in ("layernorm", "mlp", "loss", "bias")}
-# "switches": "after" with issue 37's two switches on as well (item 4): the blocks unrolled (no
-# stacking of per-layer activations) and the residual stream in bfloat16 (half its bytes), at
-# the points of the issue's targets that the kernels alone did not reach.
-SWITCHES = {"scan_layers": False, "residual_dtype": "bfloat16"}
+# Issue 37's two switches (item 4), each label "after" with some of them on, compiled at the
+# points of the issue's targets that the kernels alone did not reach: "unrolled", the blocks
+# unrolled (no stacking of per-layer activations; the same function, nanoGPT's numerics), and
+# "switches", those and the residual stream in bfloat16 as well (half its bytes; not nanoGPT's).
+UNROLLED = {"scan_layers": False}
+SWITCHES = {**UNROLLED, "residual_dtype": "bfloat16"}
+SWITCH_LABELS = ("unrolled", "switches")
 SWITCH_POINTS = ("LT_chunked:124M:65536", "LT_chunked:124M:16x1024", "flash:124M:65536")
-LABELS = ("before", "after", "switches")
+LABELS = ("before", "after", *SWITCH_LABELS)
 # The head and loss priced by the real fused kernel pair (kernels/head_loss/): "after" with
 # model.loss_kernel=pallas_fused, compiled at the long-context points only.
 FUSED_HEAD = "fused_head"
 FUSED_HEAD_KERNELS = {**AFTER_KERNELS, "loss_kernel": "pallas_fused"}
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "before": {}, "after": AFTER_KERNELS, "unrolled": {**AFTER_KERNELS, **UNROLLED},
+    "switches": {**AFTER_KERNELS, **SWITCHES}, FUSED_HEAD: FUSED_HEAD_KERNELS,
+}  # fmt: skip
 
 
 def spec(point: GluePoint, label: str) -> dict[str, Any]:
-    """What the compile worker builds: the model options of ``point``, and for ``label``
-    "after" the glue kernels (:data:`AFTER_KERNELS`), for "switches" those and
-    :data:`SWITCHES`."""
-    overrides = {"remat": point.remat, "loss_chunk": point.loss_chunk}
-    if label in ("after", "switches"):
-        overrides |= AFTER_KERNELS
-    if label == "switches":
-        overrides |= SWITCHES
-    elif label == FUSED_HEAD:
-        overrides |= FUSED_HEAD_KERNELS
+    """What the compile worker builds: the model options of ``point`` and those of ``label``
+    (:data:`OVERRIDES`: none for "before", the glue kernels for "after", those and switches for
+    the :data:`SWITCH_LABELS`)."""
+    overrides = {"remat": point.remat, "loss_chunk": point.loss_chunk, **OVERRIDES[label]}
     return {
         "attention": point.attention, "size": point.size, "context": point.context,
         "batch": point.batch, "chunk_size": point.chunk_size, "overrides": overrides,
