@@ -23,6 +23,25 @@ CLASS_NAMES = {
     "host": "host offload",
     "launch": "launch overhead",
 }
+# Issue 37's switches on top of the kernels (step_glue.SWITCH_LABELS), in the order they add up,
+# each with the words that name it in a target's line, in the summary and on the page.
+SWITCHED = {
+    "unrolled": {
+        "target": "with the blocks unrolled",
+        "summary": "With `model.scan_layers: false` alone (the blocks unrolled; the float32 "
+        "residual stream and nanoGPT's numerics kept)",
+        "page": "**unrolled**: after with `model.scan_layers: false` (the blocks unrolled: no "
+        "stacking of per-layer activations; the same function, the residual stream in float32: "
+        "nanoGPT's numerics)",
+    },
+    "switches": {
+        "target": "with the switches as well",
+        "summary": "With `model.residual_dtype: bfloat16` as well (not nanoGPT's numerics)",
+        "page": "**switches**: after with `model.scan_layers: false` and "
+        "`model.residual_dtype: bfloat16` (the residual stream in half the bytes; not nanoGPT's "
+        "numerics)",
+    },
+}
 FOCUS = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:16x1024",
          "LT_chunked:124M:1024")  # fmt: skip
 
@@ -39,6 +58,11 @@ def _gb(x: float) -> str:
 
 def _pair(a: str, b: str) -> str:
     return f"{a} → **{b}**"
+
+
+def _chain(*xs: str) -> str:
+    """``a → b → **c**``: the values of successive labels, the last in bold."""
+    return " → ".join(xs[:-1]) + f" → **{xs[-1]}**"
 
 
 def _label(key: str) -> str:
@@ -73,29 +97,31 @@ def _points_table(d: dict[str, Any]) -> str:
 
 
 def _class_table(p: dict[str, Any], labels=("before", "after")) -> str:
-    b, a = p[labels[0]]["by_class"], p[labels[1]]["by_class"]
+    sides = [p[label]["by_class"] for label in labels]
     rows = []
     for k in CLASSES:
-        x, y = b.get(k, {}), a.get(k, {})
-        if not (x.get("ms") or y.get("ms")):
+        xs = [x.get(k, {}) for x in sides]
+        if not any(x.get("ms") for x in xs):
             continue
         launches = k != "launch"
         rows.append([
-            CLASS_NAMES[k], _pair(_ms(x.get("ms", 0.0)), _ms(y.get("ms", 0.0))),
-            _pair(_gb(x.get("bytes", 0.0)), _gb(y.get("bytes", 0.0))) if launches else "",
-            _pair(f"{x.get('launches', 0):,}", f"{y.get('launches', 0):,}") if launches else "",
+            CLASS_NAMES[k], _chain(*(_ms(x.get("ms", 0.0)) for x in xs)),
+            _chain(*(_gb(x.get("bytes", 0.0)) for x in xs)) if launches else "",
+            _chain(*(f"{x.get('launches', 0):,}" for x in xs)) if launches else "",
         ])  # fmt: skip
     return table(["op class", "MODEL ms", "GB moved", "launches"], rows, "lrrr")
 
 
 def _part_table(p: dict[str, Any], labels=("before", "after")) -> str:
-    b, a = p[labels[0]]["by_part"], p[labels[1]]["by_part"]
-    parts = sorted(set(b) | set(a), key=lambda k: -b.get(k, {}).get("ms", 0.0))
+    sides = [p[label]["by_part"] for label in labels]
+    parts = sorted(set().union(*sides), key=lambda k: -sides[0].get(k, {}).get("ms", 0.0))
+
+    def cells(k: str, field: str, fmt) -> str:
+        return _chain(*(fmt(x.get(k, {}).get(field, 0)) for x in sides))
+
     rows = [
-        [k, _pair(_ms(b.get(k, {}).get("ms", 0.0)), _ms(a.get(k, {}).get("ms", 0.0))),
-         _pair(_gb(b.get(k, {}).get("bytes", 0.0)), _gb(a.get(k, {}).get("bytes", 0.0))),
-         _pair(_gb(b.get(k, {}).get("glue_bytes", 0.0)), _gb(a.get(k, {}).get("glue_bytes", 0.0))),
-         _pair(f"{b.get(k, {}).get('launches', 0):,}", f"{a.get(k, {}).get('launches', 0):,}")]
+        [k, cells(k, "ms", _ms), cells(k, "bytes", _gb), cells(k, "glue_bytes", _gb),
+         cells(k, "launches", lambda n: f"{n:,}")]
         for k in parts
     ]  # fmt: skip
     return table(["part of the model", "MODEL ms", "GB moved", "glue GB", "launches"], rows,
@@ -135,39 +161,52 @@ def _targets(d: dict[str, Any]) -> list[str]:
 
 
 def _switched(t: dict[str, Any]) -> str:
-    """The target with the two switches on as well (step_glue.SWITCHES), where compiled."""
-    if "met_switches" not in t:
-        return ""
-    verdict = "**met**" if t["met_switches"] else "**not met**"
-    if "glue" in t["target"]:
-        return f" With the switches as well: {t['switches_glue_gb']:,.0f} GB: {verdict}."
-    if "switches_tokens_per_s" in t:
-        return (f" With the switches as well: MODEL {_ms(t['switches_ms'])} ms, "
-                f"{t['switches_tokens_per_s'] / 1e3:,.0f}k tokens/s: {verdict} by the MODEL.")  # fmt: skip
-    scaled = t.get("scaled_switches_ms")
-    return (f" With the switches as well: MODEL {_ms(t['switches_ms'])} ms"
-            + (f" (measured × its ratio {_ms(scaled)} ms)" if scaled else "")
-            + f": {verdict} by the MODEL.")  # fmt: skip
+    """The target with each of the switches on as well (step_glue.SWITCH_LABELS), where
+    compiled."""
+    out = ""
+    for label, words in SWITCHED.items():
+        if f"met_{label}" not in t:
+            continue
+        verdict = "**met**" if t[f"met_{label}"] else "**not met**"
+        head = f" {words['target'].capitalize()}:"
+        if "glue" in t["target"]:
+            out += f"{head} {t[f'{label}_glue_gb']:,.0f} GB: {verdict}."
+        elif f"{label}_tokens_per_s" in t:
+            out += (f"{head} MODEL {_ms(t[f'{label}_ms'])} ms, "
+                    f"{t[f'{label}_tokens_per_s'] / 1e3:,.0f}k tokens/s: {verdict} by the MODEL.")  # fmt: skip
+        else:
+            scaled = t.get(f"scaled_{label}_ms")
+            out += (f"{head} MODEL {_ms(t[f'{label}_ms'])} ms"
+                    + (f" (measured × its ratio {_ms(scaled)} ms)" if scaled else "")
+                    + f": {verdict} by the MODEL.")  # fmt: skip
+    return out
 
 
 def _switches_table(d: dict[str, Any]) -> str:
+    """After and each switch label compiled at a point, side by side: the change is the last
+    label's against after."""
     rows = []
     for key, p in d["points"].items():
-        a, w = p.get("after"), p.get("switches")
-        if not (a and w):
+        labels = ["after", *(k for k in SWITCHED if k in p)]
+        if "after" not in p or len(labels) < 2:
             continue
+        xs = [p[k] for k in labels]
+        a = xs[0]
         rows.append([
-            _label(key), _pair(_ms(a["ms"]), _ms(w["ms"])), f"{w['ms'] / a['ms'] - 1:+.0%}",
-            _pair(f"{a['launches']:,}", f"{w['launches']:,}"),
-            _pair(_gb(a["bytes"]), _gb(w["bytes"])),
-            _pair(_gb(a["glue_bytes"]), _gb(w["glue_bytes"])),
-            _pair(f"{a['memory_bytes'] / 2**30:.1f}", f"{w['memory_bytes'] / 2**30:.1f}"),
-            _pair(f"{a['compile_seconds']:.0f}", f"{w['compile_seconds']:.0f}"),
+            _label(key), " → ".join(labels),
+            _chain(*(_ms(x["ms"]) for x in xs)),
+            ", ".join(f"{x['ms'] / a['ms'] - 1:+.0%}" for x in xs[1:]),
+            _chain(*(f"{x['launches']:,}" for x in xs)),
+            _chain(*(_gb(x["bytes"]) for x in xs)),
+            _chain(*(_gb(x["glue_bytes"]) for x in xs)),
+            _chain(*(f"{x['memory_bytes'] / 2**30:.1f}" for x in xs)),
+            _chain(*(f"{x['compile_seconds']:.0f}" for x in xs)),
         ])  # fmt: skip
     if not rows:
         return ""
-    return table(["point", "MODEL ms", "change", "launches", "GB moved", "glue GB",
-                  "compiled GiB", "compile s (this machine)"], rows, "lrrrrrrr")  # fmt: skip
+    return table(["point", "labels", "MODEL ms", "change vs after", "launches", "GB moved",
+                  "glue GB", "compiled GiB", "compile s (this machine)"], rows,
+                 "llrrrrrrr")  # fmt: skip
 
 
 def _head(d: dict[str, Any]) -> list[str]:
@@ -234,38 +273,45 @@ def summary(raw: Raw) -> str:
 
 
 def _summary_switches(d: dict[str, Any]) -> str:
-    w = d["points"].get("LT_chunked:124M:65536", {}).get("switches")
-    if not w:
-        return ""
-    met = sum(bool(t.get("met_switches", t["met"])) for t in d["targets"])
-    return (
-        f" With `model.scan_layers: false` and `model.residual_dtype: bfloat16` as well, the "
-        f"64k step moves {_gb(w['glue_bytes'])} GB of glue in {w['launches']:,} launches "
-        f"({w['memory_bytes'] / 2**30:.1f} GiB), MODEL {_ms(w['ms'])} ms, and {met} of the "
-        "targets are met by the MODEL."
-    )
+    p = d["points"].get("LT_chunked:124M:65536", {})
+    out = ""
+    for label, words in SWITCHED.items():
+        w = p.get(label)
+        if not w:
+            continue
+        met = sum(bool(t.get(f"met_{label}", t["met"])) for t in d["targets"])
+        out += (
+            f" {words['summary']}, the 64k step moves {_gb(w['glue_bytes'])} GB of glue in "
+            f"{w['launches']:,} launches ({w['memory_bytes'] / 2**30:.1f} GiB), MODEL "
+            f"{_ms(w['ms'])} ms, and {met} of the targets are met by the MODEL."
+        )
+    return out
 
 
-def _switches_section(d: dict[str, Any], commit: str) -> list[str]:
-    """**after** against **switches**: the kernels, and the kernels with ``model.scan_layers:
-    false`` and ``model.residual_dtype: bfloat16`` (issue 37, item 4)."""
+def _switches_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
+    """**after** against each switch label (``step_glue.SWITCH_LABELS``): the kernels, with
+    ``model.scan_layers: false``, and with ``model.residual_dtype: bfloat16`` as well (issue 37,
+    item 4)."""
     body = _switches_table(d)
     if not body:
         return []
+    said = [
+        f"{SWITCHED[k]['page']}, this tree at {short(costs[k].get('environment', {}).get('git_commit'))}"
+        for k in SWITCHED if k in costs
+    ]  # fmt: skip
     lines = [
         "## The two switches on top of the kernels (MODEL ms)", "",
-        "**after** as above; **switches**: the same with `model.scan_layers: false` (the blocks "
-        "unrolled: no stacking of per-layer activations) and `model.residual_dtype: bfloat16` "
-        f"(the residual stream in half the bytes; not nanoGPT's numerics), this tree at {commit}. "
-        "Compile seconds are this shared 2-core machine's.", "",
+        "**after** as above; " + "; ".join(said) + ". Each label was compiled by the tree at "
+        "its commit, so a change between two labels includes whatever else changed between "
+        "their trees. Compile seconds are this shared 2-core machine's.", "",
         body, "",
     ]  # fmt: skip
     for key in FOCUS:
         p = d["points"].get(key)
-        if p and "after" in p and "switches" in p:
-            lines += [f"### {_label(key)}: after → switches", "",
-                      _class_table(p, ("after", "switches")), "",
-                      _part_table(p, ("after", "switches")), ""]  # fmt: skip
+        labels = ("after", *(k for k in SWITCHED if p and k in p))
+        if p and "after" in p and len(labels) > 1:
+            lines += [f"### {_label(key)}: {' → '.join(labels)}", "",
+                      _class_table(p, labels), "", _part_table(p, labels), ""]  # fmt: skip
     return lines
 
 
@@ -302,7 +348,7 @@ def page(raw: Raw) -> str:
         "",
         *_targets(d),
         "",
-        *_switches_section(d, commit(costs.get("switches", {}))),
+        *_switches_section(d, costs),
         "## The head and loss: as built, and fused without logits (compiled; MODEL ms)",
         "",
         *_head(d),

@@ -162,17 +162,19 @@ def targets(points: dict[str, dict[str, Any]], measured: dict[str, float]) -> li
                "measured_ms": m, "scaled_ms": None if m is None else m * after / before,
                "after_glue_gb": p["after"]["glue_bytes"] / 1e9,
                "before_glue_gb": p["before"]["glue_bytes"] / 1e9}  # fmt: skip
-        if "switches" in p:  # the kernels and the two switches (SWITCHES)
-            sw = p["switches"]["ms"]
-            out |= {"switches_ms": sw, "switches_glue_gb": p["switches"]["glue_bytes"] / 1e9,
-                    "scaled_switches_ms": None if m is None else m * sw / before}  # fmt: skip
+        for label in SWITCH_LABELS:  # the kernels and a switch or two (OVERRIDES)
+            if label in p:
+                sw = p[label]["ms"]
+                out |= {f"{label}_ms": sw, f"{label}_glue_gb": p[label]["glue_bytes"] / 1e9,
+                        f"scaled_{label}_ms": None if m is None else m * sw / before}  # fmt: skip
         return out
 
     def switched(t: dict[str, Any], ok) -> dict[str, Any]:
-        """``t`` with ``met_switches``: whether the target is met with the switches on as well
-        (by the MODEL, or the measured time scaled by its ratio where timed)."""
-        if "switches_ms" in t:
-            t["met_switches"] = bool(ok(t))
+        """``t`` with ``met_<label>`` for each of the :data:`SWITCH_LABELS` compiled at its
+        point: whether ``ok(t, label)``, the target read from that label's MODEL."""
+        for label in SWITCH_LABELS:
+            if f"{label}_ms" in t:
+                t[f"met_{label}"] = bool(ok(t, label))
         return t
 
     out = []
@@ -180,10 +182,10 @@ def targets(points: dict[str, dict[str, Any]], measured: dict[str, float]) -> li
     if r:
         out.append(switched(_bound(_target("LT_chunked 124M at 64k <= 150 ms", r, "150 ms",
                                            r["after_ms"] <= 150), 150),
-                            lambda t: t["switches_ms"] <= 150))  # fmt: skip
+                            lambda t, l: t[f"{l}_ms"] <= 150))  # fmt: skip
         out.append(switched(_target("LT_chunked 124M at 64k: glue <= 220 GB", r, "220 GB",
                                     r["after_glue_gb"] <= 220),
-                            lambda t: t["switches_glue_gb"] <= 220))  # fmt: skip
+                            lambda t, l: t[f"{l}_glue_gb"] <= 220))  # fmt: skip
     for size in ("355M", "774M", "1.6B"):
         a, b = row(f"LT_chunked:{size}:1024"), row(f"flash:{size}:1024")
         if a and b:
@@ -198,7 +200,7 @@ def targets(points: dict[str, dict[str, Any]], measured: dict[str, float]) -> li
     if r:
         out.append(switched(_bound(_target("flash 124M at 64k <= 700 ms", r, "700 ms",
                                            r["after_ms"] <= 700), 700),
-                            lambda t: t["switches_ms"] <= 700))  # fmt: skip
+                            lambda t, l: t[f"{l}_ms"] <= 700))  # fmt: skip
     r = row(f"LT_chunked:124M:{1024 * K}")
     if r:
         out.append(_bound(_target("LT_chunked 124M at 1M tokens <= 4.4 s", r, "4,400 ms",
@@ -211,9 +213,10 @@ def targets(points: dict[str, dict[str, Any]], measured: dict[str, float]) -> li
                         "tokens/s per H100", r, "470,000 tokens/s", tps >= 470e3,
                         tokens_per_s=tps, before_tokens_per_s=16 * K /
                         (r["before_ms"] / 1e3))  # fmt: skip
-            if "switches_ms" in r:
-                t["switches_tokens_per_s"] = 16 * K / (r["switches_ms"] / 1e3)
-            out.append(switched(t, lambda t: t["switches_tokens_per_s"] >= 470e3))
+            for label in SWITCH_LABELS:
+                if f"{label}_ms" in r:
+                    t[f"{label}_tokens_per_s"] = 16 * K / (r[f"{label}_ms"] / 1e3)
+            out.append(switched(t, lambda t, l: t[f"{l}_tokens_per_s"] >= 470e3))
     return out
 
 
