@@ -376,8 +376,21 @@ def test_mqar_report_keeps_earlier_rows_and_shows_the_best_run_per_cell(tmp_path
     based = {"attention.name": "LT_chunked", "attention.feature_map": "taylor2",
              "attention.feature_dim": 16, "model.short_conv": 3, "model.n_embd": 64,
              "model.n_head": 1, "data.context": 64, "log.wandb_group": "mqar-zoology"}  # fmt: skip
-    assert mqar.variant(based) == "LT_chunked/taylor2(16)" and mqar.recipe(based) == "short conv 3"
-    assert mqar.recipe({**based, "log.wandb_group": "mqar-rebased"}) == "base"
+    assert (
+        mqar.variant(based) == "LT_chunked/taylor2(16)+conv"
+        and mqar.recipe(based) == "short conv 3"
+    )
+    assert mqar.variant({**based, "data.mqar.random_non_queries": True}) == (
+        "LT_chunked/taylor2(16)+conv (random fill)")  # fmt: skip
+    rebased = {**based, "log.wandb_group": "mqar-rebased"}  # every cell there has the convolution
+    assert mqar.variant(rebased) == "LT_chunked/taylor2(16)" and mqar.recipe(rebased) == "base"
+    kept = {
+        **first,
+        "protocol": "mqar-zoology",
+        "attention": "softmax (random fill)",
+        "short_conv": 3,
+    }
+    assert mqar.merge([kept], [])[0]["attention"] == "softmax+conv (random fill)"
     assert mqar.state_floats(based) == 64 * 153 + 153
     assert mqar.state_floats({**based, "attention.name": "softmax"}) == 2 * 64 * 64
     # Random fill is another task: its own row, never the zero-filled cell's best run.

@@ -80,7 +80,8 @@ SOURCES = {
 
 def variant(config: dict[str, Any]) -> str:
     """``softmax``, ``LT_chunked/softplus``, ``LT_chunked/elu1``, ``LT_chunked/softplus+gate``
-    from a run's flat config; `` (random fill)`` when the task fills the non-query positions
+    from a run's flat config; ``+conv`` for a short convolution at Zoology's cells
+    (:func:`with_conv`); `` (random fill)`` when the task fills the non-query positions
     with random tokens instead of the papers' zeros, since that is another task, not a recipe."""
     name = str(config.get("attention.name"))
     if attention_registry.family(name, default="other") != "softmax":
@@ -89,8 +90,19 @@ def variant(config: dict[str, Any]) -> str:
             name += f"({config['attention.feature_dim']})"
         if config.get("attention.decay") not in (None, "none"):
             name += f"+{config['attention.decay']}"
+    name = with_conv(name, protocol_of(config), int(config.get("model.short_conv") or 0))
     if config.get("data.mqar.random_non_queries"):
         name += " (random fill)"
+    return name
+
+
+def with_conv(name: str, protocol: str, short_conv: int) -> str:
+    """``name`` + ``+conv`` for a run with a short convolution at Zoology's cells, which have
+    none (Based's recipe adds one), so that its row is not read as the plain mixer's; ReBased's
+    cells all have one."""
+    if short_conv and protocol == "mqar-zoology" and "+conv" not in name:
+        base, fill, rest = name.partition(" (random fill)")
+        return f"{base}+conv{fill}{rest}"
     return name
 
 
@@ -223,7 +235,9 @@ def merge(kept: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list
     with ``new`` ones; a new row replaces a kept one of the same protocol and run name. Rows
     written before the recipe column read as ``"base"``, before the commit column as None."""
     fresh = {(r["protocol"], r["run"]) for r in new}
-    old = [{**r, "recipe": r.get("recipe", "base"), "commit": r.get("commit")} for r in kept]
+    old = [{**r, "recipe": r.get("recipe", "base"), "commit": r.get("commit"),
+            "attention": with_conv(r["attention"], r["protocol"], int(r.get("short_conv") or 0))}
+           for r in kept]  # fmt: skip
     return _sorted([r for r in old if (r["protocol"], r["run"]) not in fresh] + list(new))
 
 
