@@ -605,3 +605,23 @@ def test_zoology_reference_loss_at_the_queries_equals_zoologys_loss_over_all_pos
     assert meta["environment"]["torch_version"] == torch.__version__
     assert ref.main(["--out", str(out), "--table", str(md)]) == 0
     assert "| 50 | 0 | 200 | 0.00215 | 8.500 | 8.370 | 0.2500 | 158 |" in md.read_text()
+
+
+def test_mqar_note_placeholders_take_run_names_with_dots():
+    """A note's ``{{PROTOCOL/RUN.FIELD[:FORMAT]}}`` is filled from the rows, run names with dots
+    (``lr0.01``) included; a placeholder that names no run, or is malformed, is an error, not
+    text left in the report."""
+    from studies.common.core import ReportError
+    from studies.mqar import report
+
+    rows = [{"protocol": "mqar-rebased", "run": "ctx128_lr0.01_x", "accuracy": 0.99021,
+             "steps": 1900}]  # fmt: skip
+    note = ("{{mqar-rebased/ctx128_lr0.01_x.accuracy}} at {{mqar-rebased/ctx128_lr0.01_x.steps}}"
+            " ({{mqar-rebased/ctx128_lr0.01_x.accuracy:.4f}})")  # fmt: skip
+    assert report.fill(note, rows) == "0.990 at 1900 (0.9902)"
+    with pytest.raises(ReportError, match="no run mqar-rebased/other"):
+        report.fill("{{mqar-rebased/other.accuracy}}", rows)
+    with pytest.raises(ReportError, match="no run mqar-rebased/ctx128_lr0 with field '01_x'"):
+        report.fill("{{mqar-rebased/ctx128_lr0.01_x}}", rows)  # no field: the name's tail
+    with pytest.raises(ReportError, match="is not"):
+        report.fill("{{mqar-rebased ctx128_lr0.01_x.accuracy}}", rows)

@@ -21,7 +21,8 @@ from studies.common.fmt import how, provenance, short, table
 # Accuracies are compared and printed at three decimals: runs on a plateau differ only by noise.
 DECIMALS = 3
 PLACEHOLDER = re.compile(
-    r"\{\{(?P<protocol>[^/{}]+)/(?P<run>[^.{}]+)\.(?P<field>\w+)(?::(?P<fmt>[^}]+))?\}\}"
+    # the run name may hold dots (``lr0.01``): the field is the name after its last dot
+    r"\{\{(?P<protocol>[^/{}]+)/(?P<run>[^{}:]+)\.(?P<field>\w+)(?::(?P<fmt>[^}]+))?\}\}"
 )
 
 
@@ -74,7 +75,11 @@ def fill(note: str, rows: Sequence[dict[str, Any]]) -> str:
             return format(v, m["fmt"])
         return _fmt(v) if isinstance(v, float) else str(v)
 
-    return PLACEHOLDER.sub(value, note)
+    filled = PLACEHOLDER.sub(value, note)
+    if "{{" in filled:
+        raise ReportError(f"note placeholder {filled[filled.index('{{'):][:80]!r} is not "
+                          "{{PROTOCOL/RUN.FIELD[:FORMAT]}}; fix the note")  # fmt: skip
+    return filled
 
 
 def markdown(
