@@ -41,6 +41,11 @@ def _losses(run: Path) -> dict[int, float]:
     return out
 
 
+# Every test reads the module's trained run: one xdist worker computes it once (make test runs
+# --dist loadgroup; tests/test_suite_grouping.py).
+pytestmark = pytest.mark.xdist_group("checkpoint_damage_runs")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The uninterrupted run to step 6 (checkpoints 2, 4, 6), and a copy of it as a run stopped

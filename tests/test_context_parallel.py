@@ -6,6 +6,7 @@ resumption, the collectives counted against their model, and one-line refusals."
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,12 +84,17 @@ def test_model_under_context_parallelism_equals_one_device(variant):
 # The trainer
 
 
+# The tests that compare with the one-device run share one xdist worker, which trains it once.
+ONE_WORKER = pytest.mark.xdist_group("context_parallel_one_device")
+
+
 @pytest.fixture(scope="module")
 def one_device(setup):  # noqa: F811
     return run_worker(setup, "cp_dev1", 1, CP)
 
 
 @SLOW
+@ONE_WORKER
 @pytest.mark.parametrize("seq", [2, 8])
 def test_training_split_over_seq_equals_one_device(setup, one_device, seq):  # noqa: F811
     """8 devices as data=4 x seq=2 and data=1 x seq=8: the losses and parameters of one."""
@@ -98,6 +104,7 @@ def test_training_split_over_seq_equals_one_device(setup, one_device, seq):  # n
 
 
 @SLOW
+@ONE_WORKER
 @pytest.mark.parametrize("seq", [2, 8])
 def test_two_processes_equal_one(setup, one_device, seq):  # noqa: F811
     """Two processes of 4 devices: seq = 2 keeps each sequence on one host (2 micro-steps per
@@ -128,6 +135,8 @@ def test_resume_under_context_parallelism_is_exact(setup):  # noqa: F811
 
     train("cp_straight", "train.max_steps=4")
     train("cp_resumed", "train.max_steps=2")
+    # The resplit run below starts from the same two steps: a copy, not a third training run.
+    shutil.copytree(root / "cp_resumed", root / "cp_resplit")
     train("cp_resumed", "train.max_steps=4", "checkpoint.resume=auto")
     straight = _read_steps(root / "cp_straight" / "metrics.jsonl")
     resumed = _read_steps(root / "cp_resumed" / "metrics.jsonl")
@@ -136,7 +145,6 @@ def test_resume_under_context_parallelism_is_exact(setup):  # noqa: F811
         assert resumed[step] == pytest.approx(straight[step], rel=1e-6), step
     # The split is an implementation choice: resuming with the sequence over 4 devices instead
     # of 2 continues the same run (the same function, summed in another order).
-    train("cp_resplit", "train.max_steps=2")
     train("cp_resplit", "train.max_steps=4", "checkpoint.resume=auto", "train.context_parallel=4")
     resplit = _read_steps(root / "cp_resplit" / "metrics.jsonl")
     assert sorted(resplit) == [1, 2, 3, 4]
