@@ -59,11 +59,11 @@ def test_model_under_context_parallelism_equals_one_device(variant):
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     forgets = {(r["doc_reset"], r["decay"]) for r in rows}
     expected = 2 if variant in ("flash-xla", "LT_chunked-pallas-taylor2") else 4
-    # taylor2: seq = 8 only; the others: six meshes for the last forgetting, one for the rest.
-    runs = 2 if variant == "LT_chunked-pallas-taylor2" else 6 + expected - 1
+    # taylor2 (and the fused head): seq = 8 and data 2 x seq 4; the others: six meshes for the last forgetting, one for the rest.
+    runs = 4 if variant == "LT_chunked-pallas-taylor2" else 6 + expected - 1
     assert len(rows) == runs and len(forgets) == expected
     meshes = (
-        {(1, 8)}
+        {(1, 8), (2, 4)}
         if variant == "LT_chunked-pallas-taylor2"
         else {(1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8)}
     )

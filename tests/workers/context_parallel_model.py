@@ -21,16 +21,25 @@ VARIANTS = {
     "LT_state_parallel": ("LT_state_parallel", {"loss_chunk": 4}, 32),
     "flash-xla": ("flash", {"kernel": "xla"}, 32),
     # Keys wider than the values (issue 39): Based's Taylor map of a 5-dim projection, 21
-    # features in 2 blocks of the 16-wide value heads through the kernels' initial state.
+    # features in 2 blocks of the 16-wide value heads through the kernels' initial state. The
+    # head and the loss by the fused kernel pair that never writes the logits (issue 37), each
+    # device walking its own rows, its weight's gradient summed over the mesh.
     "LT_chunked-pallas-taylor2": (
         "LT_chunked",
-        {"chunk_size": 16, "kernel": "pallas_chunk", "feature_map": "taylor2", "feature_dim": 5},
+        {
+            "chunk_size": 16,
+            "kernel": "pallas_chunk",
+            "feature_map": "taylor2",
+            "feature_dim": 5,
+            "loss_kernel": "pallas_fused",
+        },
         128,
     ),
 }
-# Variants that run only the plain case and the one with both resets and the gate, on one mesh
-# (8 slices): the expanded keys add no path of their own across slices, only wider states.
-BOTH_ONLY = {"LT_chunked-pallas-taylor2": [(1, 8)]}
+# Variants that run only the plain case and the one with both resets and the gate, on two
+# meshes (8 slices; 4 slices of 2 data groups): the expanded keys add no path of their own
+# across slices, only wider states.
+BOTH_ONLY = {"LT_chunked-pallas-taylor2": [(1, 8), (2, 4)]}
 MESHES = [(1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8)]  # (data, seq)
 B = 2
 
