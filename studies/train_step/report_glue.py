@@ -345,7 +345,7 @@ def _attention_1k(d: dict[str, Any], label: str = "unrolled") -> list[str]:
             pairs.append((size, a, f))
     if not pairs:
         return []
-    rows = []
+    rows, rest, slower = [], [], []
     for size, a, f in pairs:
         ga, gf = _core_groups(a["attention"]), _core_groups(f["attention"])
         core_a = sum(ga[k] for k in ("attention", "xla", "rest", "launch"))
@@ -358,13 +358,17 @@ def _attention_1k(d: dict[str, Any], label: str = "unrolled") -> list[str]:
             f"{ga['launches'] / n:.0f} / {gf['launches'] / n:.0f}",
             f"{(a['ms'] - core_a) - (f['ms'] - core_f):+.2f}",
         ])  # fmt: skip
+        rest.append(abs((a["ms"] - core_a) - (f["ms"] - core_f)))
+        if a["ms"] > f["ms"]:
+            slower.append(size)
     lines = [
         f"## `LT_chunked` against `flash` at 1k, both `{label}`: where the difference is "
         "(MODEL ms)",
         "",
         f"Both attentions' steps compiled with the `{label}` label ({SWITCHED[label]['target']}; "
         "batch 1, `LT_chunked` at chunks of 128 as timed), the launches of the attention core "
-        "(`hlo_costs.part_of`: the block's `attn` outside its two projections) grouped by what "
+        "(`hlo_costs.part_of`: sourced in the block's `attn` and not named as its projections; "
+        "the `c_attn` GEMMs fall in it) grouped by what "
         "runs: the attention's own kernels (`LT_chunked`'s Pallas kernels, cuDNN's flash "
         "attention), XLA's data-moving fusions, and the rest (the `c_attn` GEMMs and the "
         "bias-gradient kernel, the same in both); each launch's overhead apart. Every cell is "
@@ -386,38 +390,58 @@ def _attention_1k(d: dict[str, Any], label: str = "unrolled") -> list[str]:
             "lrrrrrrrr",
         ),  # fmt: skip
         "",
+        "By the MODEL `LT_chunked`'s step is the slower "
+        + (
+            f"at every size compiled ({', '.join(slower)})"
+            if len(slower) == len(pairs)
+            else f"at {', '.join(slower) or 'no size'} of {', '.join(s for s, _, _ in pairs)}"
+        )
+        + ", and the "
+        f"steps differ outside the attention core by at most {max(rest):.2f} ms: the difference "
+        "is the core's, split by the columns into its kernels, its XLA fusions and its launches.",
+        "",
     ]
     return lines + _attention_layers(pairs)
 
 
 def _attention_layers(pairs) -> list[str]:
     """The attention core launch by launch, per layer: launches, MB and MODEL µs (its launch
-    overhead included) at each size compiled."""
+    overhead included) at each size compiled; a row for every (what, pass) any size has, in
+    program order."""
     sizes = [size for size, _, _ in pairs]
-    lines = [
-        "Per layer, launch by launch (XLA fusions by XLA's name for them and the JAX primitive "
-        "their source ends in; µs with each launch's overhead):",
-        "",
-    ]
     body = []
     for att, i in (("LT_chunked", 1), ("flash", 2)):
-        first = pairs[0][i]["attention"]
-        for r in first:
-            cells = []
+        keys: dict[tuple[str, bool], tuple[bool, int]] = {}  # forward first, program order
+        for _, *sides in pairs:
+            for j, r in enumerate(sides[i - 1]["attention"]):
+                keys.setdefault((r["what"], r["backward"]), (r["backward"], j))
+        for what, backward in sorted(keys, key=keys.get):
+            cells, launches = [], set()
             for size, *sides in pairs:
                 n = step_costs.SIZES[size]["n_layer"]
                 x = next((y for y in sides[i - 1]["attention"]
-                          if (y["what"], y["backward"]) == (r["what"], r["backward"])), None)  # fmt: skip
-                cells.append("—" if x is None else
-                             f"{x['bytes'] / n / 1e6:.1f} MB, "
+                          if (y["what"], y["backward"]) == (what, backward)), None)  # fmt: skip
+                if x is None:
+                    cells.append("—")
+                    continue
+                launches.add(f"{x['launches'] / n:g}")
+                cells.append(f"{x['bytes'] / n / 1e6:.1f} MB, "
                              f"{(x['ms'] + x['launch_ms']) / n * 1e3:.1f} µs")  # fmt: skip
-            n0 = step_costs.SIZES[pairs[0][0]]["n_layer"]
-            body.append([f"`{att}`", f"`{r['what']}`", "backward" if r["backward"] else "forward",
-                         f"{r['launches'] / n0:g}", *cells])  # fmt: skip
-    lines.append(table(["attention", "what runs", "pass", "launches per layer", *sizes], body,
-                       "lllr" + "r" * len(sizes)))  # fmt: skip
-    lines += ["", *ATTENTION_NOTES, ""]
-    return lines
+            body.append([f"`{att}`", f"`{what}`", "backward" if backward else "forward",
+                         ", ".join(sorted(launches)), *cells])  # fmt: skip
+    return [
+        "Per layer, launch by launch (XLA fusions by XLA's name for them and the JAX primitive "
+        "their source ends in; µs with each launch's overhead):",
+        "",
+        table(
+            ["attention", "what runs", "pass", "launches per layer", *sizes],
+            body,
+            "lllr" + "r" * len(sizes),
+        ),  # fmt: skip
+        "",
+        *ATTENTION_NOTES,
+        "",
+    ]
 
 
 # Where the launches of LT_chunked's attention core that flash's lacks come from (the code; the
