@@ -145,9 +145,9 @@ def test_lt_against_flash_at_1k_is_read_from_each_label_both_compiled():
     fl_core = _core({("XLA GEMM", False): 0.2, ("cuDNN flash attention", False): 0.1})
     points = {
         lt: {"measured_key": lt, "before": _priced(24.6, 39), "after": _priced(19.8, 27),
-             "unrolled": {**_priced(12.8, 9), "attention": lt_core}},
+             "unrolled": {**_priced(12.8, 9), "attention": lt_core, "n_layer": 24}},
         fl: {"measured_key": fl, "before": _priced(23.3, 37), "after": _priced(18.5, 26),
-             "unrolled": {**_priced(11.8, 8), "attention": fl_core}},
+             "unrolled": {**_priced(11.8, 8), "attention": fl_core, "n_layer": 24}},
     }  # fmt: skip
     measured = {lt: 23.1, fl: 23.7}
     (t,) = step_glue.targets(points, measured)

@@ -12,7 +12,6 @@ from typing import Any
 
 from studies.common.core import Raw, renderer
 from studies.common.fmt import context_label, provenance, short, table
-from studies.train_step import step_costs
 
 CLASSES = ("matmul", "fmha", "kernel", "elementwise", "reduction", "host", "launch")
 CLASS_NAMES = {
@@ -350,7 +349,7 @@ def _attention_1k(d: dict[str, Any], label: str = "unrolled") -> list[str]:
         ga, gf = _core_groups(a["attention"]), _core_groups(f["attention"])
         core_a = sum(ga[k] for k in ("attention", "xla", "rest", "launch"))
         core_f = sum(gf[k] for k in ("attention", "xla", "rest", "launch"))
-        n = step_costs.SIZES[size]["n_layer"]
+        n = a["n_layer"]
         rows.append([
             size, f"{_ms(a['ms'])} / {_ms(f['ms'])}", f"{a['ms'] - f['ms']:+.2f}",
             f"{core_a:.2f} / {core_f:.2f}", f"{ga['attention']:.2f} / {gf['attention']:.2f}",
@@ -417,8 +416,8 @@ def _attention_layers(pairs) -> list[str]:
                 keys.setdefault((r["what"], r["backward"]), (r["backward"], j))
         for what, backward in sorted(keys, key=keys.get):
             cells, launches = [], set()
-            for size, *sides in pairs:
-                n = step_costs.SIZES[size]["n_layer"]
+            for _, *sides in pairs:
+                n = sides[0]["n_layer"]
                 x = next((y for y in sides[i - 1]["attention"]
                           if (y["what"], y["backward"]) == (what, backward)), None)  # fmt: skip
                 if x is None:

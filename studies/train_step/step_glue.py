@@ -315,8 +315,9 @@ def summarise(costs: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
                 entry[label] = {**price(c["rows"], params), "memory_bytes": c["memory_bytes"],
                                 "compile_seconds": c["compile_seconds"],
                                 "commit": c.get("git_commit")}  # fmt: skip
-                if "attention_rows" in c:
+                if "attention_rows" in c:  # per layer on the page: n_layer beside
                     entry[label]["attention"] = price_attention(c["attention_rows"], params)
+                    entry[label]["n_layer"] = step_costs.SIZES[p.size]["n_layer"]
         if len(entry) > 2:
             points[p.key] = entry
     alternatives = {}
