@@ -81,13 +81,17 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
     rows = step_costs.cost_rows(hlo_costs.program_ops(text), step_glue.cost_point(point))
     log(f"{label} {point.key}: {meta['memory_bytes'] / 2**30:.2f} GiB, "
         f"{meta['compile_seconds']:.0f} s")  # fmt: skip
-    return {"spec": spec, "rows": rows, **meta}
+    # The attention core launch by launch where the page compares the two attentions (1k).
+    detail = {}
+    if point.context == 1024 and point.batch == 1:
+        detail["attention_rows"] = step_glue.attention_rows(text, point)
+    return {"spec": spec, "rows": rows, **detail, **meta}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--label", choices=("before", "after", "unrolled", "switches", "fused_head"),
-                    help="compile this label's points (unrolled, switches: step_glue.SWITCH_POINTS; "
+                    help="compile this label's points (unrolled, switches: step_glue.LABEL_POINTS; "
                     "fused_head: after with model.loss_kernel=pallas_fused, give --only)")  # fmt: skip
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")
     ap.add_argument("--commit", help="the commit --code was exported from (recorded)")
@@ -111,13 +115,14 @@ def main(argv=None) -> int:
         for p in step_glue.POINTS:
             if (args.only and p.key not in args.only) or (p.key in done and not args.restart):
                 continue
-            if args.label in step_glue.SWITCH_LABELS and p.key not in step_glue.SWITCH_POINTS:
+            if p.key not in step_glue.LABEL_POINTS.get(args.label, (p.key,)):
                 continue
             entry = compile_point(p, args.label, args.code)
             env = entry.pop("environment")
             if args.commit:
                 env["git_commit"] = args.commit
-            done[p.key] = entry
+            # Each point's own commit: a label's points may be compiled at different commits.
+            done[p.key] = {**entry, "git_commit": env.get("git_commit")}
             label = {
                 "how": "compiled",
                 "environment": {**env, "device_kind": "NVIDIA H100 SXM (compiled for, deviceless)"},

@@ -27,7 +27,7 @@ CLASS_NAMES = {
 # each with the words that name it in a target's line, in the summary and on the page.
 SWITCHED = {
     "unrolled": {
-        "target": "with the blocks unrolled",
+        "target": "the blocks unrolled",
         "summary": "With `model.scan_layers: false` alone (the blocks unrolled; the float32 "
         "residual stream and nanoGPT's numerics kept)",
         "page": "**unrolled**: after with `model.scan_layers: false` (the blocks unrolled: no "
@@ -35,7 +35,7 @@ SWITCHED = {
         "nanoGPT's numerics)",
     },
     "switches": {
-        "target": "with the switches as well",
+        "target": "the blocks unrolled, the residual stream in bfloat16",
         "summary": "With `model.residual_dtype: bfloat16` as well (not nanoGPT's numerics)",
         "page": "**switches**: after with `model.scan_layers: false` and "
         "`model.residual_dtype: bfloat16` (the residual stream in half the bytes; not nanoGPT's "
@@ -128,18 +128,31 @@ def _part_table(p: dict[str, Any], labels=("before", "after")) -> str:
                  "lrrrr")  # fmt: skip
 
 
+def _verdict(met: bool, met_scaled: bool | None) -> str:
+    """``**met** by the MODEL`` and, where the point was timed, the measured time's verdict."""
+    out = ("**met**" if met else "**not met**") + " by the MODEL"
+    if met_scaled is not None:
+        out += (
+            ", **met**" if met_scaled else ", **not met**"
+        ) + " by the measured time × its ratio"
+    return out
+
+
 def _targets(d: dict[str, Any]) -> list[str]:
+    """One line per target: the verdict of ``after`` first (the MODEL before → after), then
+    that of each switch label compiled at the target's points (:data:`SWITCHED`), each named."""
     lines = []
     for t in d["targets"]:
-        verdict = "**met**" if t["met"] else "**not met**"
+        head = f"- {t['target']}: `after`:"
+        if "glue" in t["target"]:
+            verdict = "**met**" if t["met"] else "**not met**"
+            lines.append(f"{head} {t['before_glue_gb']:,.0f} → {t['after_glue_gb']:,.0f} GB "
+                         f"(compiled; exact): {verdict}.{_switched(t)}")  # fmt: skip
+            continue
         scaled = ""
         if t.get("measured_ms"):
             scaled = (f"; measured {_ms(t['measured_ms'])} ms before, × the MODEL's ratio "
                       f"{_ms(t['scaled_ms'])} ms")  # fmt: skip
-        if t.get("met_scaled") is not None:
-            verdict += (" by the MODEL, **met**" if t["met_scaled"] else
-                        " by the MODEL, **not met**") + " by the measured time × its ratio"  # fmt: skip
-            verdict = verdict.removesuffix(" by the MODEL")
         extra = ""
         if "tokens_per_s" in t:
             extra = (f": {t['before_tokens_per_s'] / 1e3:,.0f}k → {t['tokens_per_s'] / 1e3:,.0f}k "
@@ -149,36 +162,38 @@ def _targets(d: dict[str, Any]) -> list[str]:
             extra = f" (`flash` {_ms(f['before_ms'])} → {_ms(f['after_ms'])} ms" + (
                 f"; measured × MODEL ratio {_ms(f['scaled_ms'])} ms)" if f.get("scaled_ms")
                 else ")")  # fmt: skip
-        if "glue" in t["target"]:
-            lines.append(f"- {t['target']}: {t['before_glue_gb']:,.0f} → "
-                         f"{t['after_glue_gb']:,.0f} GB (compiled; exact): {verdict}."
-                         f"{_switched(t)}")  # fmt: skip
-            continue
-        tail = "" if t.get("met_scaled") is not None else " by the MODEL"
-        lines.append(f"- {t['target']}: MODEL {_ms(t['before_ms'])} → {_ms(t['after_ms'])} ms"
-                     f"{extra}{scaled}: {verdict}{tail}.{_switched(t)}")  # fmt: skip
+        lines.append(f"{head} MODEL {_ms(t['before_ms'])} → {_ms(t['after_ms'])} ms{extra}"
+                     f"{scaled}: {_verdict(t['met'], t.get('met_scaled'))}.{_switched(t)}")  # fmt: skip
     return lines
 
 
 def _switched(t: dict[str, Any]) -> str:
-    """The target with each of the switches on as well (step_glue.SWITCH_LABELS), where
-    compiled."""
+    """The target read from each switch label compiled at its points (step_glue.SWITCH_LABELS),
+    each verdict named by its label."""
     out = ""
     for label, words in SWITCHED.items():
         if f"met_{label}" not in t:
             continue
-        verdict = "**met**" if t[f"met_{label}"] else "**not met**"
-        head = f" {words['target'].capitalize()}:"
+        head = f" `{label}` ({words['target']}):"
         if "glue" in t["target"]:
+            verdict = "**met**" if t[f"met_{label}"] else "**not met**"
             out += f"{head} {t[f'{label}_glue_gb']:,.0f} GB: {verdict}."
         elif f"{label}_tokens_per_s" in t:
             out += (f"{head} MODEL {_ms(t[f'{label}_ms'])} ms, "
-                    f"{t[f'{label}_tokens_per_s'] / 1e3:,.0f}k tokens/s: {verdict} by the MODEL.")  # fmt: skip
+                    f"{t[f'{label}_tokens_per_s'] / 1e3:,.0f}k tokens/s: "
+                    f"{_verdict(t[f'met_{label}'], None)}.")  # fmt: skip
+        elif "baseline" in t:  # the comparison: both attentions' programs with the label
+            f, scaled = t["baseline"], t.get(f"scaled_{label}_ms")
+            out += (f"{head} MODEL {_ms(t[f'{label}_ms'])} ms (`flash` "
+                    f"{_ms(f[f'{label}_ms'])} ms)"
+                    + (f"; measured × each one's ratio {_ms(scaled)} ms (`flash` "
+                       f"{_ms(f[f'scaled_{label}_ms'])} ms)" if scaled else "")
+                    + f": {_verdict(t[f'met_{label}'], t.get(f'met_scaled_{label}'))}.")  # fmt: skip
         else:
             scaled = t.get(f"scaled_{label}_ms")
             out += (f"{head} MODEL {_ms(t[f'{label}_ms'])} ms"
                     + (f" (measured × its ratio {_ms(scaled)} ms)" if scaled else "")
-                    + f": {verdict} by the MODEL.")  # fmt: skip
+                    + f": {_verdict(t[f'met_{label}'], None)}.")  # fmt: skip
     return out
 
 
@@ -288,6 +303,170 @@ def _summary_switches(d: dict[str, Any]) -> str:
     return out
 
 
+def _commits(d: dict[str, Any], label: str, costs: dict[str, Any]) -> str:
+    """The commits ``label``'s points were compiled at (each point's own where recorded, else
+    the label's)."""
+    default = costs.get(label, {}).get("environment", {}).get("git_commit")
+    seen = {short(p[label].get("commit") or default) for p in d["points"].values() if label in p}
+    return ", ".join(sorted(seen)) or short(default)
+
+
+# The attention core at 1k: the sizes of the LT_chunked <= flash target, 124M beside them.
+SIZES_1K = ("124M", "355M", "774M", "1.6B")
+ATTENTION_KERNELS = ("lt_chunked_", "cuDNN")
+
+
+def _core_groups(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """MODEL ms of a priced attention core (``step_glue.price_attention``) by group: the
+    attention's own kernels (LT's Pallas kernels or cuDNN's), XLA's data-moving fusions, the
+    rest (the GEMM, the bias-gradient kernel: the same in both), the launch overhead."""
+    out = {"attention": 0.0, "xla": 0.0, "rest": 0.0, "launch": 0.0, "launches": 0}
+    for r in rows:
+        if r["what"].startswith(ATTENTION_KERNELS):
+            out["attention"] += r["ms"]
+        elif r["class"] in ("elementwise", "reduction"):
+            out["xla"] += r["ms"]
+        else:
+            out["rest"] += r["ms"]
+        out["launch"] += r["launch_ms"]
+        out["launches"] += r["launches"]
+    return out
+
+
+def _attention_1k(d: dict[str, Any], label: str = "unrolled") -> list[str]:
+    """``LT_chunked`` against ``flash`` at 1k, both compiled with ``label``: the step, the
+    attention core by group, and the core launch by launch per layer."""
+    pairs = []
+    for size in SIZES_1K:
+        a, f = (d["points"].get(f"{att}:{size}:1024", {}).get(label) for att in
+                ("LT_chunked", "flash"))  # fmt: skip
+        if a and f and "attention" in a and "attention" in f:
+            pairs.append((size, a, f))
+    if not pairs:
+        return []
+    rows, rest, slower = [], [], []
+    for size, a, f in pairs:
+        ga, gf = _core_groups(a["attention"]), _core_groups(f["attention"])
+        core_a = sum(ga[k] for k in ("attention", "xla", "rest", "launch"))
+        core_f = sum(gf[k] for k in ("attention", "xla", "rest", "launch"))
+        n = a["n_layer"]
+        rows.append([
+            size, f"{_ms(a['ms'])} / {_ms(f['ms'])}", f"{a['ms'] - f['ms']:+.2f}",
+            f"{core_a:.2f} / {core_f:.2f}", f"{ga['attention']:.2f} / {gf['attention']:.2f}",
+            f"{ga['xla']:.2f} / {gf['xla']:.2f}", f"{ga['launch']:.2f} / {gf['launch']:.2f}",
+            f"{ga['launches'] / n:.0f} / {gf['launches'] / n:.0f}",
+            f"{(a['ms'] - core_a) - (f['ms'] - core_f):+.2f}",
+        ])  # fmt: skip
+        rest.append(abs((a["ms"] - core_a) - (f["ms"] - core_f)))
+        if a["ms"] > f["ms"]:
+            slower.append(size)
+    lines = [
+        f"## `LT_chunked` against `flash` at 1k, both `{label}`: where the difference is "
+        "(MODEL ms)",
+        "",
+        f"Both attentions' steps compiled with the `{label}` label ({SWITCHED[label]['target']}; "
+        "batch 1, `LT_chunked` at chunks of 128 as timed), the launches of the attention core "
+        "(`hlo_costs.part_of`: sourced in the block's `attn` and not named as its projections; "
+        "the `c_attn` GEMMs fall in it) grouped by what "
+        "runs: the attention's own kernels (`LT_chunked`'s Pallas kernels, cuDNN's flash "
+        "attention), XLA's data-moving fusions, and the rest (the `c_attn` GEMMs and the "
+        "bias-gradient kernel, the same in both); each launch's overhead apart. Every cell is "
+        "`LT_chunked` / `flash`.",
+        "",
+        table(
+            [
+                "size",
+                "step MODEL ms",
+                "LT − flash",
+                "attention core",
+                "attention kernels",
+                "XLA fusions in the core",
+                "core launch overhead",
+                "core launches per layer",
+                "rest of the step: LT − flash",
+            ],
+            rows,
+            "lrrrrrrrr",
+        ),  # fmt: skip
+        "",
+        "By the MODEL `LT_chunked`'s step is the slower "
+        + (
+            f"at every size compiled ({', '.join(slower)})"
+            if len(slower) == len(pairs)
+            else f"at {', '.join(slower) or 'no size'} of {', '.join(s for s, _, _ in pairs)}"
+        )
+        + ", and the "
+        f"steps differ outside the attention core by at most {max(rest):.2f} ms: the difference "
+        "is the core's, split by the columns into its kernels, its XLA fusions and its launches.",
+        "",
+    ]
+    return lines + _attention_layers(pairs)
+
+
+def _attention_layers(pairs) -> list[str]:
+    """The attention core launch by launch, per layer: launches, MB and MODEL µs (its launch
+    overhead included) at each size compiled; a row for every (what, pass) any size has, in
+    program order."""
+    sizes = [size for size, _, _ in pairs]
+    body = []
+    for att, i in (("LT_chunked", 1), ("flash", 2)):
+        keys: dict[tuple[str, bool], tuple[bool, int]] = {}  # forward first, program order
+        for _, *sides in pairs:
+            for j, r in enumerate(sides[i - 1]["attention"]):
+                keys.setdefault((r["what"], r["backward"]), (r["backward"], j))
+        for what, backward in sorted(keys, key=keys.get):
+            cells, launches = [], set()
+            for _, *sides in pairs:
+                n = sides[0]["n_layer"]
+                x = next((y for y in sides[i - 1]["attention"]
+                          if (y["what"], y["backward"]) == (what, backward)), None)  # fmt: skip
+                if x is None:
+                    cells.append("—")
+                    continue
+                launches.add(f"{x['launches'] / n:g}")
+                cells.append(f"{x['bytes'] / n / 1e6:.1f} MB, "
+                             f"{(x['ms'] + x['launch_ms']) / n * 1e3:.1f} µs")  # fmt: skip
+            body.append([f"`{att}`", f"`{what}`", "backward" if backward else "forward",
+                         ", ".join(sorted(launches)), *cells])  # fmt: skip
+    return [
+        "Per layer, launch by launch (XLA fusions by XLA's name for them and the JAX primitive "
+        "their source ends in; µs with each launch's overhead):",
+        "",
+        table(
+            ["attention", "what runs", "pass", "launches per layer", *sizes],
+            body,
+            "lllr" + "r" * len(sizes),
+        ),  # fmt: skip
+        "",
+        *ATTENTION_NOTES,
+        "",
+    ]
+
+
+# Where the launches of LT_chunked's attention core that flash's lacks come from (the code; the
+# numbers are the tables').
+ATTENTION_NOTES = [
+    "Where `LT_chunked`'s launches that `flash`'s core lacks come from:",
+    "",
+    "- `loop_pad_fusion (concatenate)`: the state pass's segment prefix, run in XLA "
+    "(`_bases`, `_dbases` in `kernels/lt_chunked/ops.py`), one launch for the states and one "
+    "for the normaliser sums: in the forward; in the backward, recomputed, and the cotangents' "
+    "suffix. At 1k with chunks "
+    "of 128 the pass has as many segments as chunks (`plan.segments`: at least two programs "
+    "per SM), so every chunk is a segment of its own, the states `lt_chunked_fwd_h` writes for "
+    "the chunks are all zero and every state the outputs read comes from this prefix.",
+    "- `lt_chunked_fwd_h` in the backward: the state pass recomputed rather than its states "
+    "kept (`ops._chunk_backward`).",
+    "- `input_reduce_fusion (dot_general)`, `loop_multiply_select_fusion (mul)`: the row "
+    "cotangents r = 1 / (den + eps) and delta = r (dY . y) (`ops.row_cotangents`), which "
+    "cuDNN's backward call computes itself.",
+    "- `loop_convert_fusion (convert_element_type)`: the feature map's backward for q and k "
+    "(phi' recomputed from q and k: the `jax.checkpoint` around phi, `attention/linear.py`); "
+    "the forward's split (`loop_convert_slice_fusion`) writes q and k for it besides phi(q), "
+    "phi(k) and v.",
+]
+
+
 def _switches_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
     """**after** against each switch label (``step_glue.SWITCH_LABELS``): the kernels, with
     ``model.scan_layers: false``, and with ``model.residual_dtype: bfloat16`` as well (issue 37,
@@ -295,10 +474,8 @@ def _switches_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
     body = _switches_table(d)
     if not body:
         return []
-    said = [
-        f"{SWITCHED[k]['page']}, this tree at {short(costs[k].get('environment', {}).get('git_commit'))}"
-        for k in SWITCHED if k in costs
-    ]  # fmt: skip
+    said = [f"{SWITCHED[k]['page']}, compiled at {_commits(d, k, costs)}"
+            for k in SWITCHED if k in costs]  # fmt: skip
     lines = [
         "## The two switches on top of the kernels (MODEL ms)", "",
         "**after** as above; " + "; ".join(said) + ". Each label was compiled by the tree at "
@@ -346,9 +523,15 @@ def page(raw: Raw) -> str:
         "",
         "## Issue 37's targets (MODEL until a GPU measures them)",
         "",
+        "Each verdict names the program it reads: `after` (the kernels; MODEL before → after), "
+        "then each switch label compiled at the target's points: `unrolled` (after with "
+        "`model.scan_layers: false`), `switches` (that and `model.residual_dtype: bfloat16`). A "
+        "comparison of two attentions reads both from the same label.",
+        "",
         *_targets(d),
         "",
         *_switches_section(d, costs),
+        *_attention_1k(d),
         "## The head and loss: as built, and fused without logits (compiled; MODEL ms)",
         "",
         *_head(d),

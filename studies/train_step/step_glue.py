@@ -13,8 +13,10 @@ scan's stacking) and its reductions and transposes (input fusions).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
+from linear_gpt2.experiments import hlo_costs
 from linear_gpt2.kernels.head_loss import cost as head_loss_cost
 from studies.train_step import step_costs
 from studies.train_step import step_model as sm
@@ -79,7 +81,16 @@ AFTER_KERNELS = {f"{k}_kernel": "pallas" for k in ("layernorm", "mlp", "loss", "
 UNROLLED = {"scan_layers": False}
 SWITCHES = {**UNROLLED, "residual_dtype": "bfloat16"}
 SWITCH_LABELS = ("unrolled", "switches")
-SWITCH_POINTS = ("LT_chunked:124M:65536", "LT_chunked:124M:16x1024", "flash:124M:65536")
+_TARGETS_124M = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:16x1024",
+                 "flash:124M:16x1024")  # fmt: skip
+# The points each switch label is compiled at: the 124M targets for both; for "unrolled" also
+# both attentions at 1k, batch 1, for every size (the target LT_chunked <= flash at 1k, read
+# with the blocks unrolled too, and 124M beside it).
+LABEL_POINTS: dict[str, tuple[str, ...]] = {
+    "unrolled": (*_TARGETS_124M, *(f"{a}:{s}:1024" for s in ("124M", "355M", "774M", "1.6B")
+                                   for a in ("LT_chunked", "flash"))),
+    "switches": _TARGETS_124M,
+}  # fmt: skip
 LABELS = ("before", "after", *SWITCH_LABELS)
 # The head and loss priced by the real fused kernel pair (kernels/head_loss/): "after" with
 # model.loss_kernel=pallas_fused, compiled at the long-context points only.
@@ -109,6 +120,51 @@ def cost_point(point: GluePoint) -> step_costs.Point:
 
 
 GLUE = ("elementwise", "reduction")
+ATTENTION = "attention core"
+
+
+def _what(op: hlo_costs.Op, op_name: str) -> str:
+    """What a launch of the attention core runs: the Pallas kernel's name, cuDNN's flash
+    attention, an XLA GEMM, or an XLA fusion named by its kind (XLA's name for it, its number
+    dropped) and the JAX primitive its ``op_name`` ends in."""
+    if op.kind == "kernel":
+        return op.detail.get("kernel") or "Pallas kernel"
+    if op.kind == "fmha":
+        return "cuDNN flash attention"
+    if op.kind == "matmul":
+        return "XLA GEMM"
+    stem = re.sub(r"\.\d+$", "", op.name)
+    return f"XLA {stem} ({op_name.rsplit('/', 1)[-1] or '?'})"
+
+
+def attention_rows(text: str, point: GluePoint) -> list[dict[str, Any]]:
+    """The attention core's launches of an optimized program, as cost rows (``step_costs``)
+    grouped by what runs (:func:`_what`) and pass, each with ``what``: the finer view that
+    :func:`price`'s part "attention core" sums."""
+    module = hlo_costs.parse_module(text)
+    names = {i.name: i.op_name for c in module.computations.values() for i in c.instrs}
+    groups: dict[tuple[str, bool], list[hlo_costs.Op]] = {}
+    for op in hlo_costs.walk(module):
+        if op.part == ATTENTION:
+            groups.setdefault((_what(op, names.get(op.name, "")), op.backward), []).append(op)
+    return [{"what": what, **row}
+            for (what, _), ops in groups.items()
+            for row in step_costs.cost_rows(ops, cost_point(point))]  # fmt: skip
+
+
+def price_attention(rows: list[dict[str, Any]], params: sm.Params) -> list[dict[str, Any]]:
+    """:func:`attention_rows` priced: per (what, pass) the launches, bytes and MODEL ms (its
+    launches' overhead apart, ``launch_ms``), in program order of first appearance."""
+    out: dict[tuple[str, bool], dict[str, Any]] = {}
+    for r in rows:
+        o = out.setdefault((r["what"], r["backward"]), {
+            "what": r["what"], "backward": r["backward"], "class": sm.class_of(r),
+            "launches": 0, "bytes": 0.0, "ms": 0.0, "launch_ms": 0.0})  # fmt: skip
+        o["launches"] += r["count"]
+        o["bytes"] += r["count"] * r["bytes"]
+        o["ms"] += r["count"] * sm.row_seconds(r, params) * 1e3
+        o["launch_ms"] += r["count"] * params.launch_us * 1e-3
+    return list(out.values())
 
 
 def price(rows: list[dict[str, Any]], params: sm.Params) -> dict[str, Any]:
@@ -195,6 +251,12 @@ def targets(points: dict[str, dict[str, Any]], measured: dict[str, float]) -> li
                         a["after_ms"] <= b["after_ms"], baseline=b)  # fmt: skip
             if a["scaled_ms"] is not None and b["scaled_ms"] is not None:
                 t["met_scaled"] = a["scaled_ms"] <= b["scaled_ms"]
+            for label in SWITCH_LABELS:  # both attentions compiled with the label: compared
+                if f"{label}_ms" in a and f"{label}_ms" in b:
+                    t[f"met_{label}"] = a[f"{label}_ms"] <= b[f"{label}_ms"]
+                    sa, sb = a[f"scaled_{label}_ms"], b[f"scaled_{label}_ms"]
+                    if sa is not None and sb is not None:
+                        t[f"met_scaled_{label}"] = sa <= sb
             out.append(t)
     r = row("flash:124M:65536")
     if r:
@@ -251,7 +313,11 @@ def summarise(costs: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
             if label != FUSED_HEAD and p.key in done:
                 c = done[p.key]
                 entry[label] = {**price(c["rows"], params), "memory_bytes": c["memory_bytes"],
-                                "compile_seconds": c["compile_seconds"]}  # fmt: skip
+                                "compile_seconds": c["compile_seconds"],
+                                "commit": c.get("git_commit")}  # fmt: skip
+                if "attention_rows" in c:  # per layer on the page: n_layer beside
+                    entry[label]["attention"] = price_attention(c["attention_rows"], params)
+                    entry[label]["n_layer"] = step_costs.SIZES[p.size]["n_layer"]
         if len(entry) > 2:
             points[p.key] = entry
     alternatives = {}
