@@ -12,7 +12,6 @@ from typing import Any
 
 from studies.common.core import Raw, renderer
 from studies.common.fmt import context_label, provenance, short, table
-from studies.train_step import step_glue
 
 CLASSES = ("matmul", "fmha", "kernel", "elementwise", "reduction", "host", "launch")
 CLASS_NAMES = {
@@ -43,6 +42,8 @@ SWITCHED = {
         "numerics)",
     },
 }
+# step_glue.PHI_GRAD (not imported: rendering needs no JAX, which step_glue's imports bring).
+PHI_GRAD = "phi_grad"
 FOCUS = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:16x1024",
          "LT_chunked:124M:1024")  # fmt: skip
 
@@ -319,7 +320,7 @@ def _switches_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
 def _phi_grad_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
     """``unrolled`` against ``phi_grad`` (``step_glue.PHI_GRAD``): the same options, compiled by
     a tree without and with phi' in ``LT_chunked``'s gradient kernels."""
-    label = step_glue.PHI_GRAD
+    label = PHI_GRAD
     rows, done = [], []
     for key, p in d["points"].items():
         if "unrolled" not in p or label not in p:
