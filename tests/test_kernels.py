@@ -304,6 +304,8 @@ def test_raw_inputs_padded_with_minus_inf_wide_keys_and_states():
     grads_o, outs_o = _with_state(oracle)(*args)
     for label, out, o in zip(("y", "S", "z"), outs, outs_o):
         assert rel_err(out, o) <= 1e-5, label
+    with pytest.raises(ValueError, match="'taylor2' is not elementwise"):
+        chunked_kernels.chunked_attention(q, k, v, c, EPS, feature_map=feature_maps.get("taylor2"))
     for label, g, o in zip(("dq", "dk", "dv", "dS0", "dz0"), grads, grads_o):
         assert np.all(np.isfinite(np.asarray(g))) and rel_err(g, o) <= 1e-5, label
 

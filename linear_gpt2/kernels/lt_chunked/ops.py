@@ -482,6 +482,11 @@ def chunked_attention(
     B, T, H, Dk = fq.shape
     D = v.shape[-1]
     check_chunk(c, D, kernel)
+    if feature_map is not None and getattr(feature_map, "slope", None) is None:
+        raise ValueError(
+            f"LT_chunked kernels: feature_map {getattr(feature_map, 'name', feature_map)!r} is "
+            "not elementwise (no slope); pass its features with feature_map=None"
+        )
     Dp, nk = key_blocks.plan(Dk, D)
     pad_t = (-T) % c
     Tp = T + pad_t
