@@ -12,6 +12,7 @@ milliseconds are the MODEL's, not a measurement.
     python benchmarks/step_glue.py --label after               # compile with this tree
     python benchmarks/step_glue.py --label unrolled            # and with scan_layers: false
     python benchmarks/step_glue.py --label switches            # and residual_dtype: bfloat16 too
+    python benchmarks/step_glue.py --label phi_grad            # unrolled, phi' in the LT kernels
     python benchmarks/step_glue.py --no-compile                # price the cache, write json + md
 
 ``--code DIR`` compiles in a subprocess that imports ``linear_gpt2`` from DIR (e.g. ``git
@@ -90,9 +91,11 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--label", choices=("before", "after", "unrolled", "switches", "fused_head"),
-                    help="compile this label's points (unrolled, switches: step_glue.LABEL_POINTS; "
-                    "fused_head: after with model.loss_kernel=pallas_fused, give --only)")  # fmt: skip
+    ap.add_argument("--label", choices=("before", "after", "unrolled", "switches", "fused_head",
+                                        "phi_grad"),
+                    help="compile this label's points (unrolled, switches, phi_grad: "
+                    "step_glue.LABEL_POINTS; fused_head: after with model.loss_kernel=pallas_fused, "
+                    "give --only)")  # fmt: skip
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")
     ap.add_argument("--commit", help="the commit --code was exported from (recorded)")
     ap.add_argument("--only", nargs="*", help="point keys to compile (default: all)")

@@ -154,6 +154,22 @@ def test_map_gives_its_kernel_and_dimension(fm, monkeypatch):
     assert feature_maps.get("rebased").layer_norm and not feature_maps.get("taylor2").layer_norm
 
 
+def test_elementwise_slopes_are_autodiffs_derivative_and_minus_inf_is_a_zero_feature():
+    """The ``LT_chunked`` kernels take an elementwise map's raw q, k: they pad with -inf (a zero
+    feature) and multiply the gradients by ``slope(phi(x))``. Every elementwise map has one, equal
+    to autodiff's phi'(x) (float32, across the range and at the kinks), 0 at the padding; the
+    expanding maps have none (they stay on features)."""
+    x = jnp.concatenate([jnp.linspace(-30.0, 30.0, 601), jnp.asarray([-1e-3, 1e-3, -100.0])])
+    for name, m in feature_maps.FEATURE_MAPS.items():
+        if m.expands:
+            assert m.slope is None, name
+            continue
+        grad = jax.vmap(jax.grad(m.fn))(x)
+        np.testing.assert_allclose(m.slope(m.fn(x)), grad, rtol=2e-6, atol=1e-30, err_msg=name)
+        pad = m.fn(jnp.float32(-jnp.inf))
+        assert float(pad) == 0.0 and float(m.slope(pad)) == 0.0, name
+
+
 # --------------------------------------------------------------------------------------------
 # Every formulation (XLA), odd sizes: keys of Dk = 3 (10 .. 6 features), values of 7
 

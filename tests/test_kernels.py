@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from linear_gpt2 import attention, kernels
-from linear_gpt2.attention import linear, lt_attention_parallel
+from linear_gpt2.attention import feature_maps, linear, lt_attention_parallel
 from linear_gpt2.kernels.lt_attention_parallel import blocked as parallel_kernels
 from linear_gpt2.kernels.lt_attention_parallel import cost as parallel_cost
 from linear_gpt2.kernels.lt_attention_parallel import ops as parallel_ops
@@ -62,8 +62,10 @@ def inputs(shape, seed=0):
 
 
 def _chunked(kernel):
-    def fn(fq, fk, v, c, eps):
-        return chunked_kernels.chunked_attention(fq, fk, v, c, eps, kernel=kernel)
+    def fn(fq, fk, v, c, eps, feature_map=None):
+        return chunked_kernels.chunked_attention(
+            fq, fk, v, c, eps, kernel=kernel, feature_map=feature_map
+        )
 
     return fn
 
@@ -79,6 +81,10 @@ KERNELS = {
     "parallel_tiled": (parallel_tiled.attention, lt_attention_parallel.blocked_linear_attention),
 }
 CHUNKED = ("chunk", "fused_chunk")
+# LT_chunked's kernels take the raw q, k with an elementwise map (phi in XLA inside the op,
+# phi' in the gradient kernels: ``ops.chunked_attention(feature_map=...)``), the path the model
+# runs: compared through phi, the gradients being those of q and k. The others take features.
+RAW = CHUNKED
 
 
 def value_and_grads(fn, fq, fk, v, dy):
@@ -91,17 +97,28 @@ def value_and_grads(fn, fq, fk, v, dy):
 
 
 def compare(kernel, shape, c, feature_map="softplus", dtype=jnp.float32, seed=0):
-    """Errors (output, dphi(q), dphi(k), dv) of a kernel against its oracle in float32 on the
-    same (rounded) inputs."""
+    """Errors (output, dq, dk, dv) of a kernel against its oracle in float32 on the same
+    (rounded) inputs: through phi for the kernels of :data:`RAW` (raw q, k in, the gradients of
+    q and k out), of phi(q), phi(k) for the others (features in, dphi(q), dphi(k) out)."""
     fused, oracle = KERNELS[kernel]
     q, k, v, dy = inputs(shape, seed)
-    fq, fk = linear.features(q.astype(dtype), k.astype(dtype), feature_map)
-    v, dy = v.astype(dtype), dy.astype(dtype)
-    y, grads = value_and_grads(lambda a, b, d: fused(a, b, d, c, EPS), fq, fk, v, dy)
+    q, k, v, dy = (x.astype(dtype) for x in (q, k, v, dy))
+    if kernel in RAW:
+        fm = feature_maps.get(feature_map)
+        y, grads = value_and_grads(lambda a, b, d: fused(a, b, d, c, EPS, fm), q, k, v, dy)
+
+        def through_phi(a, b, d):
+            return oracle(*linear.features(a, b, feature_map), d, c, EPS)
+
+        up = [x.astype(jnp.float32) for x in (q, k, v, dy)]
+        y_ref, grads_ref = value_and_grads(through_phi, *up)
+    else:
+        fq, fk = linear.features(q, k, feature_map)
+        y, grads = value_and_grads(lambda a, b, d: fused(a, b, d, c, EPS), fq, fk, v, dy)
+        up = [x.astype(jnp.float32) for x in (fq, fk, v, dy)]
+        y_ref, grads_ref = value_and_grads(lambda a, b, d: oracle(a, b, d, c, EPS), *up)
     assert y.dtype == dtype and y.shape == shape
     assert all(g.dtype == dtype and g.shape == shape for g in grads)
-    up = [x.astype(jnp.float32) for x in (fq, fk, v, dy)]
-    y_ref, grads_ref = value_and_grads(lambda a, b, d: oracle(a, b, d, c, EPS), *up)
     errs = [rel_err(y.astype(jnp.float32), y_ref)]
     errs += [rel_err(g.astype(jnp.float32), r) for g, r in zip(grads, grads_ref)]
     return errs
@@ -253,6 +270,44 @@ def test_initial_state_and_final_state(kernel, shape, c):
         assert rel_err(out, o) <= F32_TOL and rel_err(out, np.asarray(r)) <= F32_TOL, label
     for label, g, o, r in zip(("dq", "dk", "dv", "dS0", "dz0"), grads, grads_o, grads64):
         assert rel_err(g, o) <= F32_TOL and rel_err(g, np.asarray(r)) <= F32_TOL, label
+
+
+def test_raw_inputs_padded_with_minus_inf_wide_keys_and_states():
+    """Raw q, k with an elementwise map (``feature_map``) where both paddings apply: T 37 -> 48
+    and 40 key dimensions (wider than the 16 value columns: 3 blocks of 16, the last padded) with
+    -inf (zero features), from an initial state and returning the final state, all
+    differentiated: against the oracle through phi (autodiff of the XLA form)."""
+    B, T, H, Dk, D, c = 1, 37, 2, 40, 16, 16
+    rng = np.random.default_rng(9)
+    q, k = (jnp.asarray(rng.standard_normal((B, T, H, Dk)), jnp.float32) for _ in range(2))
+    v, wy = (jnp.asarray(rng.standard_normal((B, T, H, D)), jnp.float32) for _ in range(2))
+    S0 = jnp.asarray(rng.random((B, H, Dk, D)), jnp.float32)
+    z0 = jnp.asarray(rng.random((B, H, Dk)) * 4.0, jnp.float32)
+    wS = jnp.asarray(rng.standard_normal((B, H, Dk, D)) * 0.01, jnp.float32)
+    wz = jnp.asarray(rng.standard_normal((B, H, Dk)) * 0.1, jnp.float32)
+    args = (q, k, v, S0, z0, wy, wS, wz)
+    softplus = feature_maps.get("softplus")
+
+    def fused(q, k, v, state):
+        return chunked_kernels.chunked_attention(
+            q, k, v, c, EPS, initial_state=state, return_final_state=True,
+            kernel="pallas_chunk", feature_map=softplus,
+        )  # fmt: skip
+
+    def oracle(q, k, v, state):
+        fq, fk = linear.features(q, k, "softplus")
+        return naive.chunked_attention(
+            fq, fk, v, c, EPS, initial_state=state, return_final_state=True
+        )
+
+    grads, outs = _with_state(fused)(*args)
+    grads_o, outs_o = _with_state(oracle)(*args)
+    for label, out, o in zip(("y", "S", "z"), outs, outs_o):
+        assert rel_err(out, o) <= 1e-5, label
+    with pytest.raises(ValueError, match="'taylor2' is not elementwise"):
+        chunked_kernels.chunked_attention(q, k, v, c, EPS, feature_map=feature_maps.get("taylor2"))
+    for label, g, o in zip(("dq", "dk", "dv", "dS0", "dz0"), grads, grads_o):
+        assert np.all(np.isfinite(np.asarray(g))) and rel_err(g, o) <= 1e-5, label
 
 
 # --------------------------------------------------------------------------------------------

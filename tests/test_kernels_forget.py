@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from linear_gpt2 import attention
-from linear_gpt2.attention import linear, lt_chunked
+from linear_gpt2.attention import feature_maps, linear, lt_chunked
 from linear_gpt2.kernels.lt_chunked import ops as chunked_kernels
 from linear_gpt2.kernels.lt_chunked import plan
 from tests.helpers import SLOW, rel_err, slow
@@ -93,20 +93,22 @@ def reference_grads(q, k, v, log_gate, resets, dy, feature_map="softplus"):
         return np.asarray(y), [np.asarray(g) for g in vjp(jnp.asarray(np.asarray(dy, np.float64)))]
 
 
-CASES = [  # shape, c, resets in row 0, decay, segments (None: the plan's), gradient kernels
-    slow((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", None, None),  # T, D padded; 4 segments
-    ((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", 1, (("dq", "dk", "dv"),)),
-    slow((2, 61, 3, 8), 16, (0, 31, 32, 33), "fixed", 2, (("dq",), ("dk", "dv"))),
-    ((2, 61, 3, 8), 16, (16, 31, 35), "none", 2, None),  # resets only
-    slow((1, 100, 1, 64), 32, (0, 31, 32, 50, 51, 52), "gate", 2, None),
-    slow((1, 128, 1, 128), 64, (63, 64, 100), "gate", None, None),
-    slow((1, 256, 1, 32), 128, (127, 130), "gate", 1, None),  # 2 row tiles
+# The last column: raw q, k into the op with the feature map (phi' in the gradient kernels, the
+# log-gate sums from phi(q).dphi(q) before it; the model's path), or features.
+CASES = [  # shape, c, resets in row 0, decay, segments (None: the plan's), gradient kernels, raw
+    slow((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", None, None, True),  # T, D padded; G 4
+    ((2, 61, 3, 8), 16, (16, 31, 35, 38, 40), "gate", 1, (("dq", "dk", "dv"),), True),
+    slow((2, 61, 3, 8), 16, (0, 31, 32, 33), "fixed", 2, (("dq",), ("dk", "dv")), False),
+    ((2, 61, 3, 8), 16, (16, 31, 35), "none", 2, None, False),  # resets only
+    slow((1, 100, 1, 64), 32, (0, 31, 32, 50, 51, 52), "gate", 2, None, True),
+    slow((1, 128, 1, 128), 64, (63, 64, 100), "gate", None, None, True),
+    slow((1, 256, 1, 32), 128, (127, 130), "gate", 1, None, False),  # 2 row tiles
 ]
 
 
-@pytest.mark.parametrize("shape, c, resets_at, decay, segments, grads", CASES, ids=str)
+@pytest.mark.parametrize("shape, c, resets_at, decay, segments, grads, raw", CASES, ids=str)
 def test_chunk_kernels_equal_the_float64_recurrence(
-    shape, c, resets_at, decay, segments, grads, monkeypatch
+    shape, c, resets_at, decay, segments, grads, raw, monkeypatch
 ):
     if segments is not None:
         monkeypatch.setattr(plan, "segments", lambda *a, **k: segments)
@@ -116,9 +118,10 @@ def test_chunk_kernels_equal_the_float64_recurrence(
     r = jnp.asarray(resets)
 
     def fn(q, k, v, g):
-        fq, fk = linear.features(q, k, "softplus")
+        fm = feature_maps.get("softplus") if raw else None
+        fq, fk = (q, k) if raw else linear.features(q, k, "softplus")
         return chunked_kernels.chunked_attention(
-            fq, fk, v, c, EPS, kernel="pallas_chunk", log_gate=g, resets=r
+            fq, fk, v, c, EPS, kernel="pallas_chunk", log_gate=g, resets=r, feature_map=fm
         )
 
     if log_gate is None:  # resets only: no log-gate input, no gradient for it

@@ -22,6 +22,10 @@ def test_each_label_compiles_its_own_options():
     assert opts["unrolled"] == {**opts["after"], "scan_layers": False}
     assert opts["switches"] == {**opts["unrolled"], "residual_dtype": "bfloat16"}
     assert opts["fused_head"]["loss_kernel"] == "pallas_fused"
+    # phi_grad: unrolled's options, compiled by the tree with phi' in the LT_chunked kernels
+    assert (
+        opts[step_glue.PHI_GRAD] == opts["unrolled"] and report_glue.PHI_GRAD == step_glue.PHI_GRAD
+    )
     assert set(step_glue.SWITCH_LABELS) <= set(step_glue.LABELS)
 
 
@@ -168,3 +172,20 @@ def test_lt_against_flash_at_1k_is_read_from_each_label_both_compiled():
         "| `LT_chunked` | `XLA loop_pad_fusion (concatenate)` | backward | 1 | 1.0 MB, 14.4 µs |"
         in page
     )
+
+
+def test_phi_grad_section_sets_it_against_unrolled():
+    """The phi_grad label's section: each point compiled with both labels, whole step and
+    attention core, unrolled first; nothing where a point lacks either."""
+    core = lambda ms, gb: {"attention core": {"ms": ms, "bytes": gb * 1e9, "launches": 240}}  # noqa: E731
+    a = {**_priced(126.8, 39.5), "by_part": core(33.2, 78.2), "by_class": {}}
+    b = {**_priced(123.5, 29.8), "by_part": core(29.9, 68.5), "by_class": {}}
+    d = {"points": {LT64: {"unrolled": a, step_glue.PHI_GRAD: b}, LT16: {"unrolled": a}}}
+    costs = {"unrolled": {"environment": {"git_commit": "27b47b0"}},
+             step_glue.PHI_GRAD: {"environment": {"git_commit": "381bdd3"}}}  # fmt: skip
+    text = "\n".join(report_glue._phi_grad_section(d, costs))
+    assert "this tree at 27b47b0" in text and "this tree at 381bdd3" in text
+    assert "| `LT_chunked` 124M 64k | 126.8 → **123.5** | -2.6% |" in text
+    assert "| 33.2 → **29.9** | 78.2 → **68.5** |" in text
+    assert "16 × 1k" not in text
+    assert report_glue._phi_grad_section({"points": {LT16: {"unrolled": a}}}, costs) == []

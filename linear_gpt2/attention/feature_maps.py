@@ -10,7 +10,11 @@ with phi(q), phi(k) of dimension d' = ``dim(d)`` and v of its own dimension (the
 the state S = sum_j phi(k_j) v_j^T is ``[d', D]`` per head.
 
 - Elementwise (d' = d; features >= 0): ``softplus`` (the post's), ``elu1`` (Katharopoulos et
-  al.), ``relu``, ``exp``.
+  al.), ``relu``, ``exp``. Each is monotone, so its derivative is a function of its value
+  (``slope``: phi'(x) = slope(phi(x)); sigmoid(x) = 1 - e^{-softplus(x)}), and each maps -inf
+  to 0: the ``LT_chunked`` Pallas kernels take raw q, k with such a map, pad them with -inf
+  (zero features) and apply phi' in their gradient kernels from the phi(q), phi(k) they read
+  (``kernels/lt_chunked/ops.py``), so no separate XLA pass multiplies the gradients by phi'.
 - ``taylor2``: Based's 2nd-order Taylor map (Arora et al. 2024; HazyResearch/zoology's Based
   mixer, ``TaylorExp.forward_mem_save``): features 1, x / d^(1/4), and the
   products x_a x_b for a <= b, scaled 1/sqrt(2 d) on the diagonal and 1/sqrt(d) off it, so that
@@ -59,6 +63,10 @@ class FeatureMap:
     # The fewest input dimensions the map makes sense of (ReBased's LayerNorm of one dimension
     # is 0 for every input: its features would be a constant).
     min_dim: int = 1
+    # An elementwise map's derivative as a function of its value, phi'(x) = slope(phi(x))
+    # (float32 in and out; the derivative autodiff takes), or None (the expanding maps). Only a
+    # map with fn(-inf) = 0 has one (the kernels pad raw inputs with -inf: zero features).
+    slope: Callable[[jax.Array], jax.Array] | None = None
 
     @property
     def expands(self) -> bool:
@@ -117,6 +125,25 @@ def _elu1(x: jax.Array) -> jax.Array:
     return jax.nn.elu(x) + 1.0
 
 
+# phi'(x) from y = phi(x) for the elementwise maps, equal to what autodiff gives at x:
+# softplus' = sigmoid = 1 - e^{-y} (as -expm1(-y): exact for small y); elu1' = e^x = y below 0,
+# 1 above (y > 1); relu' = [x > 0] = [y > 0] (0 at 0, as jax.nn.relu's); exp' = y.
+def _softplus_slope(y: jax.Array) -> jax.Array:
+    return -jnp.expm1(-y)
+
+
+def _elu1_slope(y: jax.Array) -> jax.Array:
+    return jnp.minimum(y, 1.0)
+
+
+def _relu_slope(y: jax.Array) -> jax.Array:
+    return jnp.where(y > 0, 1.0, 0.0).astype(y.dtype)
+
+
+def _exp_slope(y: jax.Array) -> jax.Array:
+    return y
+
+
 def _half_square(d: int) -> int:
     return d * (d + 1) // 2
 
@@ -125,13 +152,14 @@ FEATURE_MAPS: dict[str, FeatureMap] = {
     m.name: m
     for m in (
         # log(1 + e^x) > 0: the post's choice; smooth, ~x for large x, ~e^x for very negative x.
-        FeatureMap("softplus", jax.nn.softplus, description="log(1 + e^x), elementwise"),
+        FeatureMap("softplus", jax.nn.softplus, description="log(1 + e^x), elementwise",
+                   slope=_softplus_slope),
         # elu(x) + 1 > 0 (Katharopoulos et al. 2020): e^x for x < 0, x + 1 for x >= 0.
-        FeatureMap("elu1", _elu1, description="elu(x) + 1, elementwise"),
+        FeatureMap("elu1", _elu1, description="elu(x) + 1, elementwise", slope=_elu1_slope),
         # max(x, 0) >= 0: can be exactly zero, then eps keeps the division finite (y_i = 0).
-        FeatureMap("relu", jax.nn.relu, description="max(x, 0), elementwise"),
+        FeatureMap("relu", jax.nn.relu, description="max(x, 0), elementwise", slope=_relu_slope),
         # e^x > 0: unbounded, overflows float32 for x > 88.
-        FeatureMap("exp", jnp.exp, description="e^x, elementwise"),
+        FeatureMap("exp", jnp.exp, description="e^x, elementwise", slope=_exp_slope),
         FeatureMap(
             "taylor2", taylor2, lambda d: 1 + d + _half_square(d),
             description="Based's 2nd-order Taylor map: 1 + s + s^2/2, s = q.k/sqrt(d)",

@@ -62,13 +62,14 @@ class LTChunkedOptions(linear.ChunkedOptions):
 
 
 def _fused(kernel: str):
-    """``(fq, fk, v, c, eps) -> y`` of a fused kernel. Pallas and Triton are imported only when
-    the kernel is picked: kernel=xla never imports them."""
+    """``(fq, fk, v, c, eps, feature_map=None) -> y`` of a fused kernel (``feature_map``: fq, fk
+    are the raw q, k, for the Pallas kernels only). Pallas and Triton are imported only when the
+    kernel is picked: kernel=xla never imports them."""
     if kernel in NAMES:
         from linear_gpt2.kernels.lt_chunked import ops
 
-        def fn(fq, fk, v, c, eps):
-            return ops.chunked_attention(fq, fk, v, c, eps, kernel=kernel)
+        def fn(fq, fk, v, c, eps, feature_map=None):
+            return ops.chunked_attention(fq, fk, v, c, eps, kernel=kernel, feature_map=feature_map)
 
         return fn
     # jax-triton (optional) and Triton: imported only when kernel=triton is picked.
@@ -120,11 +121,16 @@ def make(options: LTChunkedOptions):
         problem = chunks_problem(q.shape[1], c)
         if problem:
             raise ValueError(f"LT_chunked: {problem}")
-        fq, fk = linear.features(q, k, phi)
+        # An elementwise map goes into the Pallas op with the raw q, k: phi in XLA fused with
+        # the producer of q, k (the features are the op's residuals, not q and k), phi' in the
+        # gradient kernels (``kernels/lt_chunked/ops.py``).
+        raw = impl in NAMES and phi.slope is not None
+        fq, fk = (q, k) if raw else linear.features(q, k, phi)
         state = None
         if context_parallel:
-            G, S, z = slice_state(fk, v, log_gate, resets)
+            G, S, z = slice_state(linear.features(q, k, phi)[1] if raw else fk, v, log_gate, resets)
             state = entering_state(G, S, z, SEQ)
+        raw_map = phi if raw else None
         if impl != "xla" and (forget is not None or state is not None):
             # The chunk-parallel kernels forget and start from a state.
             from linear_gpt2.kernels.lt_chunked import ops  # Pallas: only when picked
@@ -132,8 +138,11 @@ def make(options: LTChunkedOptions):
             y = ops.chunked_attention(
                 fq, fk, v.astype(q.dtype), c, eps, kernel=impl, initial_state=state,
                 log_gate=None if forget is None else forget.log_gate,
-                resets=None if forget is None else forget.resets,
+                resets=None if forget is None else forget.resets, feature_map=raw_map,
             )  # fmt: skip
+            return y.astype(q.dtype)
+        if impl in NAMES:
+            y = _fused(impl)(fq, fk, v.astype(q.dtype), c, eps, raw_map)
             return y.astype(q.dtype)
         if impl != "xla":
             return _fused(impl)(fq, fk, v.astype(q.dtype), c, eps).astype(q.dtype)

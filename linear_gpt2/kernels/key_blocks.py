@@ -36,11 +36,12 @@ def plan(Dk: int, Dv: int) -> tuple[int, int]:
     return Dp, max(1, -(-Dk // Dp))
 
 
-def fold_keys(x: jax.Array, NK: int, Dp: int) -> jax.Array:
+def fold_keys(x: jax.Array, NK: int, Dp: int, fill: float = 0.0) -> jax.Array:
     """``[B, T, H, Dk]`` -> ``[B, T, H NK, Dp]``: the features zero-padded to NK Dp (zero
-    features add nothing to any score) and split into blocks, block b of head h at h NK + b."""
+    features add nothing to any score) and split into blocks, block b of head h at h NK + b.
+    ``fill``: the padding value (-inf for raw inputs of a feature map with phi(-inf) = 0)."""
     B, T, H, Dk = x.shape
-    x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, NK * Dp - Dk)))
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, NK * Dp - Dk)), constant_values=fill)
     return x.reshape(B, T, H * NK, Dp)
 
 

@@ -42,6 +42,8 @@ SWITCHED = {
         "numerics)",
     },
 }
+# step_glue.PHI_GRAD (not imported: rendering needs no JAX, which step_glue's imports bring).
+PHI_GRAD = "phi_grad"
 FOCUS = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:16x1024",
          "LT_chunked:124M:1024")  # fmt: skip
 
@@ -492,6 +494,51 @@ def _switches_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _phi_grad_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
+    """``unrolled`` against ``phi_grad`` (``step_glue.PHI_GRAD``): the same options, compiled by
+    a tree without and with phi' in ``LT_chunked``'s gradient kernels."""
+    label = PHI_GRAD
+    rows, done = [], []
+    for key, p in d["points"].items():
+        if "unrolled" not in p or label not in p:
+            continue
+        a, b = p["unrolled"], p[label]
+        att = [x["by_part"].get("attention core", {}) for x in (a, b)]
+        done.append(key)
+        rows.append([
+            _label(key), _pair(_ms(a["ms"]), _ms(b["ms"])), f"{b['ms'] / a['ms'] - 1:+.1%}",
+            _pair(f"{a['launches']:,}", f"{b['launches']:,}"),
+            _pair(_gb(a["bytes"]), _gb(b["bytes"])),
+            _pair(_gb(a["glue_bytes"]), _gb(b["glue_bytes"])),
+            _pair(f"{a['memory_bytes'] / 2**30:.1f}", f"{b['memory_bytes'] / 2**30:.1f}"),
+            _pair(_ms(att[0].get("ms")), _ms(att[1].get("ms"))),
+            _pair(_gb(att[0].get("bytes", 0.0)), _gb(att[1].get("bytes", 0.0))),
+            _pair(f"{att[0].get('launches', 0):,}", f"{att[1].get('launches', 0):,}"),
+        ])  # fmt: skip
+    if not rows:
+        return []
+    commit = {k: short(costs.get(k, {}).get("environment", {}).get("git_commit"))
+              for k in ("unrolled", label)}  # fmt: skip
+    lines = [
+        "## The feature map's phi' in the `LT_chunked` gradient kernels (compiled; MODEL ms)", "",
+        f"**unrolled** as above (this tree at {commit['unrolled']}: phi applied by XLA before "
+        "the Pallas op, phi' by XLA after it); **phi_grad**: the same options compiled by this "
+        f"tree at {commit[label]}, where the op takes an elementwise map's raw q, k, phi fuses "
+        "into the bias add and split before it and its gradient kernels return dq, dk with phi' "
+        "applied from the features they read (docs/design.md, \"No pass of its own for phi'\"). "
+        "Each label was compiled by the tree at its commit.", "",
+        table(["point", "MODEL ms", "change", "launches", "GB moved", "glue GB",
+               "compiled GiB", "attention core MODEL ms", "its GB moved", "its launches"],
+              rows, "lrrrrrrrrr"), "",
+    ]  # fmt: skip
+    for key in done:
+        p = d["points"][key]
+        lines += [f"### {_label(key)}: unrolled → {label}", "",
+                  _class_table(p, ("unrolled", label)), "",
+                  _part_table(p, ("unrolled", label)), ""]  # fmt: skip
+    return lines
+
+
 @renderer("step_glue.page")
 def page(raw: Raw) -> str:
     d = raw.data
@@ -532,6 +579,7 @@ def page(raw: Raw) -> str:
         "",
         *_switches_section(d, costs),
         *_attention_1k(d),
+        *_phi_grad_section(d, costs),
         "## The head and loss: as built, and fused without logits (compiled; MODEL ms)",
         "",
         *_head(d),

@@ -100,6 +100,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "before": {}, "after": AFTER_KERNELS, "unrolled": {**AFTER_KERNELS, **UNROLLED},
     "switches": {**AFTER_KERNELS, **SWITCHES}, FUSED_HEAD: FUSED_HEAD_KERNELS,
 }  # fmt: skip
+# phi' in LT_chunked's gradient kernels (an elementwise feature map's raw q, k into the Pallas
+# op: docs/design.md): "unrolled"'s options compiled by the tree that has it, at its LT_chunked
+# points; its "before" is "unrolled" itself, compiled by a tree without it.
+PHI_GRAD = "phi_grad"
+PHI_GRAD_POINTS = ("LT_chunked:124M:65536", "LT_chunked:124M:16x1024")
+OVERRIDES[PHI_GRAD] = OVERRIDES["unrolled"]
+LABEL_POINTS[PHI_GRAD] = PHI_GRAD_POINTS
 
 
 def spec(point: GluePoint, label: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ module            kernel (grid)                                                 
 ``fwd_h``         state pass: states entering each chunk, (G, B, H, D/bv)              S, z
 ``fwd_o``         outputs of every row tile, (T/bt, B, H, D/bv)                        nothing
 ``bwd_dh``        reverse state pass: cotangents of the states, (G, B, H, D/bv)        dS, dz
-``bwd_dqkv``      dphi(q), dphi(k), dv of every row tile, (T/bt, B, H, D/bd)           nothing
+``bwd_dqkv``      dq, dk (through phi'), dv of every row tile, (T/bt, B, H, D/bd)     nothing
 ``fused_chunk``   the single-pass kernels: forward (B, H, D/bv) and backward           S, z / dS, dz
                   (B, H, D/bd) x 3, each walking all T/c chunks in order
 ``tiles``         the tile math every kernel shares (the one place of the score mask)

@@ -31,6 +31,10 @@ row, float32 ``[B, H, D/bd, T]``: gb = phi(q).dphi(q) - phi(k).dphi(k) over the 
 terms from which ``__init__.log_gate_cotangent`` forms d b. With forgetting the gradients run as
 three kernels (dq, dk, dv) at every D: with the pair weights live, two spill.
 
+With an elementwise feature map (``ops``, ``feature_map``) the kernels write the gradients of the
+raw q, k: each dphi tile times phi' = ``slope(phi)`` of the phi(Q), phi(K) tile it belongs to
+(``tiles.through_phi``, after the log-gate sums, which take dphi), so that no XLA pass follows.
+
 Which gradients one kernel computes is ``plan.Blocks.grad_kernels``: all three in one kernel
 where that compiles without spills (D <= 64: the fewest bytes, since every input is read once),
 ``dq`` and ``dk, dv`` in two kernels where it would not (D = 128; each re-reads the chunk's
@@ -126,7 +130,7 @@ def dkv_tile(
 
 def _kernel(
     *refs, c: int, bt: int, bd: int, L: int, parts, has_base: bool, has_dbase: bool,
-    forget: bool, gated: bool,
+    forget: bool, gated: bool, slope=None,
 ):  # fmt: skip
     """fq, fk, v, dy ``[c, D]`` (the chunk), r, delta ``[c]``, h, dh ``[D, D]``, z, dz ``[D]``,
     (b, s ``[c]``), (base, zbase, (decay ``[L]``)), (dbase, dzbase, (rdecay ``[L]``)); one
@@ -167,9 +171,10 @@ def _kernel(
         dq = dq_tile(
             fk_ref, v_ref, g, delta_ref[own], S_rows, z_blk, 0, p, bt=bt, block=block, gate=gate
         )
-        outs["dq"][...] = dq.astype(outs["dq"].dtype)
         if gated:
             gb = jnp.sum(tiles.cols(fq_ref, own, block).astype(F32) * dq, axis=1)
+        dq = tiles.through_phi(dq, fq_ref, own, block, slope)
+        outs["dq"][...] = dq.astype(outs["dq"].dtype)
 
     kv_parts = tuple(x for x in parts if x != "dq")
     if kv_parts:  # as a key tile
@@ -194,12 +199,18 @@ def _kernel(
             fq_ref, dy_ref, r_ref, delta_ref, k, v, load_dS, 0, p, P,
             bt=bt, parts=kv_parts, block=block, gate=kv_gate,
         )  # fmt: skip
-        for name, x in zip(kv_parts, res):
-            outs[name][...] = x.astype(outs[name].dtype)
         if gated and "dk" in kv_parts:
             gk = jnp.sum(tiles.cols(fk_ref, own, block).astype(F32) * res[0], axis=1)
             gb = -gk if gb is None else gb - gk
             rest[-1][...] = res[-1]  # od
+        grads = dict(zip(kv_parts, res))
+        # dV written first: its registers are free while phi' of the key tile is computed (the
+        # dk, dv kernel at D = 128, c = 128 spilled the other way round)
+        if "dv" in grads:
+            outs["dv"][...] = grads["dv"].astype(outs["dv"].dtype)
+        if "dk" in grads:
+            dk = tiles.through_phi(grads["dk"], fk_ref, own, block, slope)
+            outs["dk"][...] = dk.astype(outs["dk"].dtype)
     if gated:
         rest[0][...] = gb if gb is not None else jnp.zeros((bt,), F32)
 
@@ -210,12 +221,15 @@ def kernel_name(parts) -> str:
 
 
 def chunk_bwd_grads(
-    fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks: plan_lib.Blocks, forget=None
-):
+    fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks: plan_lib.Blocks, forget=None,
+    slope=None,
+):  # fmt: skip
     """``(dphi(Q), dphi(K), dV)`` ``[B, T, H, D]`` in the input dtypes, by the kernels of
     ``blocks.grad_kernels`` (each a tuple of the gradients it computes). h, z / dh, dz: the
     segment-local states from ``fwd_h`` / ``bwd_dh``; base, dbase: ``(S [B, H, G, D, D],
-    z [B, H, G, D])`` per segment or None (zero).
+    z [B, H, G, D])`` per segment or None (zero). With ``slope`` (an elementwise feature map's
+    phi' as a function of phi, ``tiles.through_phi``): dQ, dK, the gradients of the raw q, k,
+    instead of dphi(Q), dphi(K).
 
     ``forget``: None, or ``(b, s, decay, rdecay, gated)``: b ``[B, T, H]`` float32 and s
     ``[B, T]`` int32 as in ``fwd_h``, decay / rdecay ``[B, H, N]`` the factors of the segment's
@@ -272,6 +286,7 @@ def chunk_bwd_grads(
                 has_dbase=dbase is not None,
                 forget=forget is not None,
                 gated=gated,
+                slope=slope,
             ),  # fmt: skip
             grid=(T // bt, B, H, nd),
             in_specs=in_specs,

@@ -114,7 +114,9 @@ _GRAD_READS = {
 _GRAD_TILE_DOTS = {"dq": (1, 1), "dk": (1, 1), "dv": (1, 1)}
 
 
-def _grad_kernel(sh: _Shape, parts, fused: bool) -> KernelCost:
+def _grad_kernel(sh: _Shape, parts, fused: bool, through_phi: bool = True) -> KernelCost:
+    """``through_phi``: the kernel applies an elementwise feature map's phi' to dq, dk
+    (``tiles.through_phi``), reading phi(q) for dq even where dq alone needs no phi(q)."""
     reads, delta, states = set(), False, set()
     flops = 0.0
     for part in parts:
@@ -124,6 +126,8 @@ def _grad_kernel(sh: _Shape, parts, fused: bool) -> KernelCost:
         states.add(state)
         fresh, recomputed = _GRAD_TILE_DOTS[part]
         flops += sh.tile_dots(fresh, recomputed) + sh.state_dots(1)
+    if through_phi and "dq" in parts:
+        reads.add("q")
     nbytes = len(reads) * sh.seq + (1 + delta) * sh.rows + len(parts) * sh.seq
     name = ("fused_bwd_d" if fused else "bwd_d") + "".join(x[1] for x in parts)
     if fused:  # the state is carried (and updated), not read
@@ -133,9 +137,13 @@ def _grad_kernel(sh: _Shape, parts, fused: bool) -> KernelCost:
     return KernelCost(name, sh.NT * sh.BH * sh.ND, 1, flops, nbytes)
 
 
-def chunk_kernels(B, T, H, D, s, blocks: plan_lib.Blocks, backward: bool) -> list[KernelCost]:
+def chunk_kernels(
+    B, T, H, D, s, blocks: plan_lib.Blocks, backward: bool, through_phi: bool = True
+) -> list[KernelCost]:
     """The chunk-parallel design: forward, or forward + backward (the backward recomputes the
-    forward state pass). T a multiple of c, D the padded head dim, s bytes per element."""
+    forward state pass). T a multiple of c, D the padded head dim, s bytes per element;
+    ``through_phi``: the gradient kernels apply phi' (an elementwise feature map, the default;
+    ``_grad_kernel``)."""
     sh = _Shape(B, T, H, D, s, blocks)
     state_pass = sh.BH * sh.N * 2 * sh.c * D * D
     fwd_h = KernelCost(
@@ -165,13 +173,15 @@ def chunk_kernels(B, T, H, D, s, blocks: plan_lib.Blocks, backward: bool) -> lis
             2 * sh.seq + 2 * sh.rows + sh.states + sh.totals,
         ),  # fmt: skip
         *[dataclasses.replace(b, name="xla: segment suffix") for b in bases],
-        *[_grad_kernel(sh, parts, fused=False) for parts in blocks.grad_kernels],
+        *[_grad_kernel(sh, parts, False, through_phi) for parts in blocks.grad_kernels],
     ]
     return out
 
 
-def fused_kernels(B, T, H, D, s, blocks: plan_lib.Blocks, backward: bool) -> list[KernelCost]:
-    """The single-pass design (``fused_chunk``)."""
+def fused_kernels(
+    B, T, H, D, s, blocks: plan_lib.Blocks, backward: bool, through_phi: bool = True
+) -> list[KernelCost]:
+    """The single-pass design (``fused_chunk``); ``through_phi`` as for :func:`chunk_kernels`."""
     sh = _Shape(B, T, H, D, s, blocks)
     out = [
         KernelCost(
@@ -188,11 +198,11 @@ def fused_kernels(B, T, H, D, s, blocks: plan_lib.Blocks, backward: bool) -> lis
     if not backward:
         return out
     out.append(_xla("xla: r, delta", 2 * sh.seq + 3 * sh.rows))
-    out += [_grad_kernel(sh, ("dq",), fused=True)]
+    out += [_grad_kernel(sh, ("dq",), True, through_phi)]
     for parts in blocks.grad_kernels:
         parts = tuple(x for x in parts if x != "dq")
         if parts:
-            out.append(_grad_kernel(sh, parts, fused=True))
+            out.append(_grad_kernel(sh, parts, True, through_phi))
     return out
 
 

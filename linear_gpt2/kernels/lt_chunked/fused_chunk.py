@@ -21,7 +21,8 @@ spilled on the H100; bd as in ``bwd_dqkv``):
   dV are two such kernels (``_dk``, ``_dv``), each carrying one slice.
 
 r = 1 / (den + eps) and delta = r (dY . y) come precomputed (XLA), as for the chunk-parallel
-backward. The same tile functions as the chunk-parallel kernels, so the two designs differ only
+backward. With an elementwise feature map the dq and dk kernels apply phi' as ``bwd_dqkv``
+does (``tiles.through_phi``); the dq kernel then also reads its block's columns of phi(Q). The same tile functions as the chunk-parallel kernels, so the two designs differ only
 in where the state lives (registers here, HBM there) and how many programs share the work:
 B H (x NV) here, which the cost model (``cost``) weighs against the extra traffic of the other.
 """
@@ -145,15 +146,18 @@ def fused_fwd(fq, fk, v, state, blocks: plan_lib.Blocks, eps: float, return_stat
 # Backward: programs per (batch, head, column block bd of the gradients)
 
 
-def _dq_kernel(*refs, c: int, bt: int, bd: int, N: int, has_init: bool):
-    """fk, v, dy ``[T, D]``, r, delta ``[T]`` (S0 ``[bd, D]``, z0 ``[bd]``: this block's rows);
-    dq ``[T, bd]``. Carries S[block, :] ``[bd, D]`` and z[block]."""
+def _dq_kernel(*refs, c: int, bt: int, bd: int, N: int, has_init: bool, slope=None):
+    """fk, v, dy ``[T, D]``, r, delta ``[T]`` (S0 ``[bd, D]``, z0 ``[bd]``: this block's rows),
+    (with ``slope``: fq ``[T, bd]``, this block's columns); dq ``[T, bd]``. Carries S[block, :]
+    ``[bd, D]`` and z[block]."""
     refs = list(refs)
     fk_ref, v_ref, dy_ref, r_ref, delta_ref = refs[:5]
     refs = refs[5:]
     if has_init:
         S0_ref, z0_ref = refs[:2]
         refs = refs[2:]
+    if slope is not None:
+        fq_ref, refs = refs[0], refs[1:]
     (dq_ref,) = refs
     D = fk_ref.shape[-1]
     P = c // bt
@@ -169,6 +173,8 @@ def _dq_kernel(*refs, c: int, bt: int, bd: int, N: int, has_init: bool):
             dq = dq_tile(
                 fk_ref, v_ref, g, delta_ref[rows], S_rows, z_blk, start, p, bt=bt, block=block
             )
+            if slope is not None:  # fq_ref holds this block's columns only
+                dq = tiles.through_phi(dq, fq_ref, rows, None, slope)
             dq_ref[rows, :] = dq.astype(dq_ref.dtype)
             return 0
 
@@ -190,7 +196,7 @@ def _dq_kernel(*refs, c: int, bt: int, bd: int, N: int, has_init: bool):
     lax.fori_loop(0, N, chunk, init)
 
 
-def _dkv_kernel(*refs, c, bt, bd, N, parts, has_final_ct: bool, has_init: bool):
+def _dkv_kernel(*refs, c, bt, bd, N, parts, has_final_ct: bool, has_init: bool, slope=None):
     """fq, fk, v, dy ``[T, D]``, r, delta ``[T]`` (dSf ``[D, D]``, dzf ``[D]``); one ``[T, bd]``
     output per part (and dS0 ``[bd, D]``, dz0 ``[bd]`` when dphi(K) is a part). Carries the
     cotangent of the state after the chunk, as far as the parts read it: dS[block, :] ``[bd, D]``
@@ -231,6 +237,8 @@ def _dkv_kernel(*refs, c, bt, bd, N, parts, has_final_ct: bool, has_init: bool):
                 bt=bt, parts=parts, block=block,
             )  # fmt: skip
             for name, x in zip(parts, res):
+                if name == "dk":
+                    x = tiles.through_phi(x, fk_ref, rows, block, slope)
                 outs[name][rows, :] = x.astype(outs[name].dtype)
             return 0
 
@@ -269,10 +277,11 @@ def _dkv_kernel(*refs, c, bt, bd, N, parts, has_final_ct: bool, has_init: bool):
         dz0_ref[...] = out[1]
 
 
-def fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks: plan_lib.Blocks):
+def fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks: plan_lib.Blocks, slope=None):
     """``(dphi(Q), dphi(K), dV, initial-state cotangent or None)``: the dq kernel, then the
     reverse kernels of ``blocks.grad_kernels`` (the one with dphi(K) also gives the initial
-    state's cotangent)."""
+    state's cotangent). With ``slope`` (``tiles.through_phi``) dQ, dK of the raw q, k; the dq
+    kernel then also reads phi(Q)'s columns of its block."""
     B, T, H, D = fq.shape
     c, bt, bd = blocks.c, blocks.bt, blocks.bd
     N = T // c
@@ -289,9 +298,12 @@ def fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks: plan_lib.Blocks)
     if state is not None:
         in_specs += [S_rows, z_rows]
         args += list(state)
+    if slope is not None:
+        in_specs.append(seq_cols)
+        args.append(fq)
     grads = {
         "dq": pl.pallas_call(
-            partial(_dq_kernel, c=c, bt=bt, bd=bd, N=N, has_init=state is not None),
+            partial(_dq_kernel, c=c, bt=bt, bd=bd, N=N, has_init=state is not None, slope=slope),
             in_specs=in_specs,
             out_specs=seq_cols,
             out_shape=jax.ShapeDtypeStruct(fq.shape, fq.dtype),
@@ -328,6 +340,7 @@ def fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks: plan_lib.Blocks)
                 parts=parts,
                 has_final_ct=final_ct is not None,
                 has_init=with_init,
+                slope=slope,
             ),  # fmt: skip
             in_specs=in_specs,
             out_specs=out_specs,

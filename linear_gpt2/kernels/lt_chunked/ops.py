@@ -23,6 +23,17 @@ shape); the two names force one. The interface, for both: :func:`chunked_attenti
 Residuals of the ``custom_vjp``: phi(q), phi(k), v, y, den and the initial state: O(T D); the
 backward recomputes the per-chunk states (one more state pass) rather than keeping T/c D^2.
 
+**The feature map** (``feature_map``): with an elementwise map (``attention.feature_maps``:
+softplus, elu1, relu, exp) the op takes the raw q, k. phi is applied in XLA inside the
+``custom_vjp``, in float32 and rounded to the input dtype (``attention.linear.features``'
+numerics), where XLA fuses it into the producer of q, k (the bias add and split after
+``c_attn``); the residuals are the features, not q and k. The gradient kernels return dq = dphi(q)
+phi'(q) and dk likewise, with phi' = ``slope(phi)`` computed in registers from the phi(q),
+phi(k) tiles they read (``tiles.through_phi``; every elementwise map is monotone, so its
+derivative is a function of its value), so no XLA pass multiplies the gradients by phi'. The
+raw inputs are padded with -inf (phi(-inf) = 0: zero features). Without a map (None) the op
+takes the features and returns dphi(q), dphi(k): the expanding maps, the decoder.
+
 **Forgetting** (issue 14: document resets, decay gates; chunk-parallel design only). XLA
 prepares b ``[B, T, H]`` float32, the cumulative log-gates *within each chunk*, and s ``[B, T]``
 int32, the document index within the chunk (:func:`forgetting`); the kernels build every weight
@@ -259,16 +270,17 @@ def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state, normalis
     return y, den, final
 
 
-def _chunk_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks):
+def _chunk_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None):
     """The gradients from the row cotangents r = 1 / (den + eps) and delta = r (dY . y)
-    (:func:`row_cotangents`): ``(dphi(q), dphi(k), dv, dstate, db)``."""
+    (:func:`row_cotangents`): ``(dphi(q), dphi(k), dv, dstate, db)``; with ``slope`` (the
+    feature map's phi' from phi) dq, dk of the raw q, k instead of dphi(q), dphi(k)."""
     if forget is None:
         h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)  # recomputed: O(T D) residuals only
         base, _ = _bases(ht, zt, state, False)
         dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks)
         dbase, dstate = _dbases(dht, dzt, final_ct, state is not None)
         dq, dk, dv = bwd_dqkv.chunk_bwd_grads(
-            fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks
+            fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks, slope=slope
         )
         return dq, dk, dv, dstate, None
     b, s, gated = forget
@@ -280,7 +292,7 @@ def _chunk_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks):
     dbase, dstate = _decayed_dbases(dht, dzt, total, final_ct, state is not None)
     out = bwd_dqkv.chunk_bwd_grads(
         fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks,
-        forget=(b, s, decay, rdecay, gated),
+        forget=(b, s, decay, rdecay, gated), slope=slope,
     )  # fmt: skip
     if not gated:
         return (*out, dstate, None)
@@ -301,8 +313,8 @@ def _fused_forward(fq, fk, v, state, forget, blocks, eps, return_state):
     return fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state)
 
 
-def _fused_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks):
-    return (*fused_chunk.fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks), None)
+def _fused_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None):
+    return (*fused_chunk.fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks, slope), None)
 
 
 _DESIGNS = {CHUNK: (_chunk_forward, _chunk_backward), FUSED: (_fused_forward, _fused_backward)}
@@ -324,19 +336,31 @@ def _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, n
     return (num * r).astype(v.dtype), den, final
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
-def _core(fq, fk, v, state, b, s, gated, design: str, blocks, eps: float, return_state: bool, nk):
+def _features(q, k, phi):
+    """phi(q), phi(k) in the input dtype, computed in float32 (``attention.linear.features``'
+    numerics; XLA fuses it into the producer of q and k); q, k themselves when phi is None."""
+    if phi is None:
+        return q, k
+    return tuple(phi.fn(x.astype(F32)).astype(x.dtype) for x in (q, k))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12))
+def _core(
+    q, k, v, state, b, s, gated, design: str, blocks, eps: float, return_state: bool, nk, phi
+):  # fmt: skip
+    fq, fk = _features(q, k, phi)
     y, _, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
     return (y, final) if return_state else y
 
 
-def _core_fwd(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk):
+def _core_fwd(q, k, v, state, b, s, gated, design, blocks, eps, return_state, nk, phi):
+    fq, fk = _features(q, k, phi)
     y, den, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
     out = (y, final) if return_state else y
     return out, (fq, fk, v, y, den, state, b, s)
 
 
-def _core_bwd(gated, design, blocks, eps, return_state, nk, residuals, ct):
+def _core_bwd(gated, design, blocks, eps, return_state, nk, phi, residuals, ct):
     fq, fk, v, y, den, state, b, s = residuals
     dy, final_ct = ct if return_state else (ct, None)
     dy = dy.astype(y.dtype)
@@ -348,7 +372,7 @@ def _core_bwd(gated, design, blocks, eps, return_state, nk, residuals, ct):
         b = None if b is None else key_blocks.repeat_heads(b, nk, 2)
     forget = None if b is None else (b, s, gated)
     dq, dk, dv, dstate, db = _DESIGNS[design][1](
-        fq, fk, v, r, delta, state, forget, dy, final_ct, blocks
+        fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, None if phi is None else phi.slope
     )
     if nk > 1:
         dv = key_blocks.sum_heads(dv, nk, 2)
@@ -433,6 +457,7 @@ def chunked_attention(
     kernel: str = "pallas",
     log_gate: jax.Array | None = None,
     resets: jax.Array | None = None,
+    feature_map=None,
 ):
     """Normalised causal linear attention by chunks of ``c``, fused; differentiable.
 
@@ -446,18 +471,34 @@ def chunked_attention(
     only). Forgetting (``linear.Forget``): ``log_gate`` float32 ``[B, T, H]`` (log gamma <= 0,
     differentiable) and / or ``resets`` bool ``[B, T]`` (a document starts here; a reset at
     position 0 drops ``initial_state``): the chunk-parallel kernels only. Returns y ``[B, T,
-    H, D]`` in fq's dtype (and the final state)."""
+    H, D]`` in fq's dtype (and the final state).
+
+    ``feature_map``: None (fq, fk are the features), or an elementwise map (``fn``, and
+    ``slope``: phi' as a function of phi; ``attention.feature_maps``, a map with fn(-inf) = 0):
+    then fq, fk are the raw q, k, phi is applied to them in XLA inside the op (fused with their
+    producer; the features are the residuals, not q and k), and the gradient kernels return the
+    gradients of q and k, phi' applied in registers (``tiles.through_phi``): no XLA pass
+    multiplies them by phi'. Padding is then -inf (zero features)."""
     B, T, H, Dk = fq.shape
     D = v.shape[-1]
     check_chunk(c, D, kernel)
+    if feature_map is not None and getattr(feature_map, "slope", None) is None:
+        raise ValueError(
+            f"LT_chunked kernels: feature_map {getattr(feature_map, 'name', feature_map)!r} is "
+            "not elementwise (no slope); pass its features with feature_map=None"
+        )
     Dp, nk = key_blocks.plan(Dk, D)
     pad_t = (-T) % c
     Tp = T + pad_t
 
     def prep(x, keys: bool):
+        # raw keys are padded with -inf, whose feature is 0 (``feature_map``)
+        fill = -jnp.inf if keys and feature_map is not None else 0.0
         x = x.astype(fq.dtype)
-        x = key_blocks.fold_keys(x, nk, Dp) if keys else kernels.pad_head_dim(x, Dp)
-        return jnp.pad(x, ((0, 0), (0, pad_t), (0, 0), (0, 0))) if pad_t else x
+        x = key_blocks.fold_keys(x, nk, Dp, fill) if keys else kernels.pad_head_dim(x, Dp)
+        if not pad_t:
+            return x
+        return jnp.pad(x, ((0, 0), (0, pad_t), (0, 0), (0, 0)), constant_values=fill)
 
     fq_p, fk_p, v_p = prep(fq, True), prep(fk, True), prep(v, False)
     state = None
@@ -478,8 +519,9 @@ def chunked_attention(
             resets = jnp.pad(resets, ((0, 0), (0, pad_t)))
         b, s, gated = forgetting(log_gate, resets, B, Tp, H, c)
     out = _core(
-        fq_p, fk_p, v_p, state, b, s, gated, design, blocks, float(eps), return_final_state, nk
-    )
+        fq_p, fk_p, v_p, state, b, s, gated, design, blocks, float(eps), return_final_state, nk,
+        feature_map,
+    )  # fmt: skip
     y, final = out if return_final_state else (out, None)
     y = y[:, :T, :, :D]
     if not return_final_state:

@@ -161,3 +161,14 @@ def cols(ref, rows, block):
     """``ref[rows, block]``: the rows' columns in ``block`` (a ``pl.ds``), or all of them when
     ``block`` is None."""
     return ref[rows, :] if block is None else ref[rows, block]
+
+
+def through_phi(dphi: jax.Array, f_ref, rows, block, slope) -> jax.Array:
+    """The gradient of the raw inputs, ``dphi * phi'``, float32 ``[bt, bd]``, from dphi(x) of
+    the rows' columns ``block`` and the features phi(x) the kernel reads at them (``f_ref``):
+    phi'(x) = ``slope(phi(x))`` for an elementwise feature map (``attention/feature_maps.py``),
+    computed from phi(x) in the input dtype. ``dphi`` unchanged when ``slope`` is None (the
+    kernels' inputs are the features themselves)."""
+    if slope is None:
+        return dphi
+    return dphi * slope(cols(f_ref, rows, block).astype(F32))
