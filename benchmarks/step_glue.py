@@ -13,6 +13,7 @@ milliseconds are the MODEL's, not a measurement.
     python benchmarks/step_glue.py --label unrolled            # and with scan_layers: false
     python benchmarks/step_glue.py --label switches            # and residual_dtype: bfloat16 too
     python benchmarks/step_glue.py --label phi_grad            # unrolled, phi' in the LT kernels
+    python benchmarks/step_glue.py --label fused_1k            # unrolled, LT's single pass at 1k
     python benchmarks/step_glue.py --no-compile                # price the cache, write json + md
 
 ``--code DIR`` compiles in a subprocess that imports ``linear_gpt2`` from DIR (e.g. ``git
@@ -92,8 +93,8 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--label", choices=("before", "after", "unrolled", "switches", "fused_head",
-                                        "phi_grad"),
-                    help="compile this label's points (unrolled, switches, phi_grad: "
+                                        "phi_grad", "fused_1k"),
+                    help="compile this label's points (unrolled, switches, phi_grad, fused_1k: "
                     "step_glue.LABEL_POINTS; fused_head: after with model.loss_kernel=pallas_fused, "
                     "give --only)")  # fmt: skip
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")

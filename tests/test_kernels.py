@@ -507,6 +507,10 @@ def test_cost_model_choices():
     s = 2
     for T in (1024, 4096, 16384, 131072):
         assert cost.choose(1, T, 12, 64, 64, s).kernel == "pallas_chunk", T
+    # Every GPT-2 size's heads (12 to 25) at 1k, batch 1, chunks of 128 (the step_glue page's
+    # fused_1k label forces the single pass there: slower by the step MODEL too).
+    for H in (12, 16, 20, 25):
+        assert cost.choose(1, 1024, H, 64, 128, s).kernel == "pallas_chunk", H
     assert cost.choose(16, 1024, 12, 64, 64, s).kernel == "pallas_fused_chunk"
     # The launch counts of the chunk-parallel kernels at T >= 16k, batch 1 (the acceptance).
     for T in (16384, 131072, 524288):

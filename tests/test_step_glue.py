@@ -27,6 +27,12 @@ def test_each_label_compiles_its_own_options():
         opts[step_glue.PHI_GRAD] == opts["unrolled"] and report_glue.PHI_GRAD == step_glue.PHI_GRAD
     )
     assert set(step_glue.SWITCH_LABELS) <= set(step_glue.LABELS)
+    # fused_1k: unrolled with LT_chunked's single pass forced, at LT_chunked's 1k points only
+    assert step_glue.OVERRIDES[step_glue.FUSED_1K] == {
+        **step_glue.OVERRIDES["unrolled"], "kernel": "pallas_fused_chunk"}  # fmt: skip
+    assert report_glue.FUSED_1K == step_glue.FUSED_1K
+    assert all(k.startswith("LT_chunked:") and k.endswith(":1024")
+               for k in step_glue.LABEL_POINTS[step_glue.FUSED_1K])  # fmt: skip
 
 
 def _priced(ms: float, glue_gb: float) -> dict:
@@ -189,3 +195,36 @@ def test_phi_grad_section_sets_it_against_unrolled():
     assert "| 33.2 → **29.9** | 78.2 → **68.5** |" in text
     assert "16 × 1k" not in text
     assert report_glue._phi_grad_section({"points": {LT16: {"unrolled": a}}}, costs) == []
+
+
+def test_fused_1k_is_read_against_flash_unrolled():
+    """LT_chunked with its single pass forced (fused_1k) takes its verdict against flash's
+    unrolled step, names its label on the target's line, and its section sets the two designs
+    and flash side by side, the core's launches per layer with them."""
+    lt, fl = "LT_chunked:355M:1024", "flash:355M:1024"
+    chunk = _core(
+        {("lt_chunked_fwd_o", False): 0.15, ("XLA loop_pad_fusion (concatenate)", True): 0.3}
+    )
+    fused = _core({("lt_chunked_fused_fwd", False): 0.6})
+    fl_core = _core({("cuDNN flash attention", False): 0.1})
+    points = {
+        lt: {"measured_key": None, "before": _priced(24.6, 39), "after": _priced(19.8, 27),
+             "unrolled": {**_priced(12.8, 9), "attention": chunk, "n_layer": 24},
+             step_glue.FUSED_1K: {**_priced(13.5, 9), "attention": fused, "n_layer": 24}},
+        fl: {"measured_key": None, "before": _priced(23.3, 37), "after": _priced(18.5, 26),
+             "unrolled": {**_priced(11.8, 8), "attention": fl_core, "n_layer": 24}},
+    }  # fmt: skip
+    (t,) = step_glue.targets(points, {})
+    assert (t["met_unrolled"], t[f"met_{step_glue.FUSED_1K}"]) == (False, False)
+    (line,) = report_glue._targets({"targets": [t]})
+    assert ("`fused_1k` (the blocks unrolled, `LT_chunked`'s single pass forced): MODEL 13.5 ms "
+            "(`flash` `unrolled` 11.8 ms): **not met** by the MODEL.") in line  # fmt: skip
+    points[lt][step_glue.FUSED_1K]["ms"] = 11.5
+    (t,) = step_glue.targets(points, {})
+    assert t[f"met_{step_glue.FUSED_1K}"] is True
+    text = "\n".join(report_glue._fused_1k_section({"points": points}))
+    # chunk-parallel / single pass / flash: step, differences, launches per layer (2 / 1 / 1)
+    assert "| 355M | 12.8 / 11.5 / 11.8 | -1.30 | -0.30 |" in text
+    assert "| 2 / 1 / 1 |" in text
+    del points[lt][step_glue.FUSED_1K]
+    assert report_glue._fused_1k_section({"points": points}) == []

@@ -44,6 +44,8 @@ SWITCHED = {
 }
 # step_glue.PHI_GRAD (not imported: rendering needs no JAX, which step_glue's imports bring).
 PHI_GRAD = "phi_grad"
+# step_glue.FUSED_1K: "unrolled" with LT_chunked's single-pass kernels forced, its 1k points.
+FUSED_1K = "fused_1k"
 FOCUS = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:16x1024",
          "LT_chunked:124M:1024")  # fmt: skip
 
@@ -196,6 +198,12 @@ def _switched(t: dict[str, Any]) -> str:
             out += (f"{head} MODEL {_ms(t[f'{label}_ms'])} ms"
                     + (f" (measured × its ratio {_ms(scaled)} ms)" if scaled else "")
                     + f": {_verdict(t[f'met_{label}'], None)}.")  # fmt: skip
+    if f"met_{FUSED_1K}" in t:  # LT_chunked with FUSED_1K against flash with "unrolled"
+        out += (
+            f" `{FUSED_1K}` (the blocks unrolled, `LT_chunked`'s single pass forced): MODEL "
+            f"{_ms(t[f'{FUSED_1K}_ms'])} ms (`flash` `unrolled` "
+            f"{_ms(t['baseline']['unrolled_ms'])} ms): {_verdict(t[f'met_{FUSED_1K}'], None)}."
+        )
     return out
 
 
@@ -494,6 +502,46 @@ def _switches_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _fused_1k_section(d: dict[str, Any]) -> list[str]:
+    """``LT_chunked`` at 1k with its two designs (``unrolled``: ``kernel=pallas``'s choice;
+    ``fused_1k``: the single pass forced) against ``flash`` (``unrolled``): the step and the
+    attention core, MODEL ms and launches per layer."""
+    rows = []
+    for size in SIZES_1K:
+        a = d["points"].get(f"LT_chunked:{size}:1024", {})
+        f = d["points"].get(f"flash:{size}:1024", {}).get("unrolled")
+        chunk, fused = a.get("unrolled"), a.get(FUSED_1K)
+        if not (chunk and fused and f and "attention" in fused):
+            continue
+        g = [_core_groups(x["attention"]) for x in (chunk, fused, f)]
+        n = fused["n_layer"]
+        rows.append([
+            size, " / ".join(_ms(x["ms"]) for x in (chunk, fused, f)),
+            f"{fused['ms'] - chunk['ms']:+.2f}", f"{fused['ms'] - f['ms']:+.2f}",
+            " / ".join(f"{sum(x[k] for k in ('attention', 'xla', 'rest', 'launch')):.2f}"
+                       for x in g),
+            " / ".join(f"{x['attention']:.2f}" for x in g),
+            " / ".join(f"{x['launch']:.2f}" for x in g),
+            " / ".join(f"{x['launches'] / n:.0f}" for x in g),
+        ])  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "## `LT_chunked`'s single pass at 1k: `fused_1k` (compiled; MODEL ms)", "",
+        "`LT_chunked`'s steps at 1k, batch 1, chunks of 128, compiled with the `unrolled` "
+        "options and each of its designs (`kernels/lt_chunked/ops.py`): `kernel=pallas`'s "
+        "choice (`unrolled`; `cost.choose`: the chunk-parallel design at these shapes) and the "
+        "single pass forced (`fused_1k`: one program per (batch, head) walking all chunks, few "
+        "launches); `flash` compiled with `unrolled` beside them. Every cell is "
+        "`LT_chunked` chunk-parallel / `LT_chunked` single pass / `flash`; the MODEL prices a "
+        "Pallas launch over the share of the 132 SMs its grid occupies, and the single pass "
+        "has B × H programs.", "",
+        table(["size", "step MODEL ms", "single pass − chunk-parallel", "single pass − flash",
+               "attention core", "attention kernels", "core launch overhead",
+               "core launches per layer"], rows, "lrrrrrrr"), "",
+    ]  # fmt: skip
+
+
 def _phi_grad_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
     """``unrolled`` against ``phi_grad`` (``step_glue.PHI_GRAD``): the same options, compiled by
     a tree without and with phi' in ``LT_chunked``'s gradient kernels."""
@@ -579,6 +627,7 @@ def page(raw: Raw) -> str:
         "",
         *_switches_section(d, costs),
         *_attention_1k(d),
+        *_fused_1k_section(d),
         *_phi_grad_section(d, costs),
         "## The head and loss: as built, and fused without logits (compiled; MODEL ms)",
         "",
