@@ -45,7 +45,8 @@ CP = ["attention.name=LT_chunked", "attention.chunk_size=2", "attention.kernel=x
 )  # fmt: skip
 @SLOW
 def test_model_under_context_parallelism_equals_one_device(variant):
-    """seq in {2, 4, 8} x data in {1, 2} on 16 host devices with resets (documents that span
+    """Every seq in {2, 4, 8} and data in {1, 2} on 16 host devices (their six products for
+    LT_chunked-xla, whose state exchange the others share) with resets (documents that span
     slice boundaries and start exactly on them) and the gate together where the variant takes
     them, and every other forgetting at data 2 x seq 8 (the worker's ``plan``)."""
     out = subprocess.run(
@@ -59,14 +60,17 @@ def test_model_under_context_parallelism_equals_one_device(variant):
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     forgets = {(r["doc_reset"], r["decay"]) for r in rows}
     expected = 2 if variant in ("flash-xla", "LT_chunked-pallas-taylor2") else 4
-    # taylor2 (and the fused head): seq = 8 and data 2 x seq 4; the others: six meshes for the last forgetting, one for the rest.
-    runs = 4 if variant == "LT_chunked-pallas-taylor2" else 6 + expected - 1
+    # taylor2 (and the fused head): seq = 8 and data 2 x seq 4. LT_chunked-xla (the state
+    # exchange in XLA): six meshes for the last forgetting; the others three (every seq, both
+    # data sizes); the other forgettings at data 2 x seq 8.
+    if variant == "LT_chunked-pallas-taylor2":
+        meshes = {(1, 8), (2, 4)}
+    elif variant == "LT_chunked-xla":
+        meshes = {(1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8)}
+    else:
+        meshes = {(2, 2), (1, 4), (2, 8)}
+    runs = 4 if variant == "LT_chunked-pallas-taylor2" else len(meshes) + expected - 1
     assert len(rows) == runs and len(forgets) == expected
-    meshes = (
-        {(1, 8), (2, 4)}
-        if variant == "LT_chunked-pallas-taylor2"
-        else {(1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8)}
-    )
     assert {(r["data"], r["seq"]) for r in rows} == meshes
     for r in rows:
         assert r["seq_collectives"] > 0, r  # the attention did cross the slices
