@@ -155,19 +155,24 @@ class ChunkedOptions(LinearOptions):
 def features(
     q: jax.Array, k: jax.Array, feature_map: str | Callable[[jax.Array], jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
-    """phi(q), phi(k) ``[..., d']`` of q, k ``[..., d]``: computed in float32, returned in the
-    input dtype (the matmul operand dtype)."""
+    """phi(q), phi(k) ``[..., d']`` of q, k ``[..., d]`` (:func:`feature`)."""
+    return feature(q, feature_map), feature(k, feature_map)
+
+
+def feature(x: jax.Array, feature_map: str | Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """phi(x) ``[..., d']`` of x ``[..., d]``: computed in float32, returned in x's dtype (the
+    matmul operand dtype)."""
     phi = check_feature_map(feature_map) if isinstance(feature_map, str) else feature_map
 
-    def apply(q, k):
-        return phi(q.astype(F32)).astype(q.dtype), phi(k.astype(F32)).astype(k.dtype)
+    def apply(x):
+        return phi(x.astype(F32)).astype(x.dtype)
 
     if kernels.on_gpu():
-        # Keep q and k (their own dtype) for the backward, not autodiff's float32 copies of
-        # them (issue 37: half the bytes the layer scan stacks); phi' is recomputed from them,
-        # exactly as autodiff would compute it.
-        return jax.checkpoint(apply)(q, k)
-    return apply(q, k)
+        # Keep x (its own dtype) for the backward, not autodiff's float32 copy of it (issue 37:
+        # half the bytes the layer scan stacks); phi' is recomputed from it, exactly as
+        # autodiff would compute it.
+        return jax.checkpoint(apply)(x)
+    return apply(x)
 
 
 def attention_fn(

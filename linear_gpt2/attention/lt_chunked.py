@@ -61,22 +61,13 @@ class LTChunkedOptions(linear.ChunkedOptions):
     kernel: str = linear.kernel_option(KERNELS)
 
 
-def _fused(kernel: str):
-    """``(fq, fk, v, c, eps, feature_map=None) -> y`` of a fused kernel (``feature_map``: fq, fk
-    are the raw q, k, for the Pallas kernels only). Pallas and Triton are imported only when the
-    kernel is picked: kernel=xla never imports them."""
-    if kernel in NAMES:
-        from linear_gpt2.kernels.lt_chunked import ops
+def _check_available(kernel: str) -> None:
+    """Fail at ``make()`` for a kernel this platform cannot run (triton without jax-triton).
+    Pallas and Triton are imported only when a kernel is picked: kernel=xla never imports them."""
+    if kernel == "triton":
+        from linear_gpt2.kernels.lt_chunked import triton_fused
 
-        def fn(fq, fk, v, c, eps, feature_map=None):
-            return ops.chunked_attention(fq, fk, v, c, eps, kernel=kernel, feature_map=feature_map)
-
-        return fn
-    # jax-triton (optional) and Triton: imported only when kernel=triton is picked.
-    from linear_gpt2.kernels.lt_chunked import triton_fused
-
-    triton_fused.check_available()
-    return triton_fused.chunked_attention
+        triton_fused.check_available()
 
 
 def make(options: LTChunkedOptions):
@@ -87,8 +78,7 @@ def make(options: LTChunkedOptions):
     feature_map, chunk_size = options.feature_map, options.chunk_size
     kernel, eps = options.kernel, options.eps
     phi = linear.check_feature_map(feature_map)
-    if kernel not in ("auto", "xla"):
-        _fused(kernel)  # an unavailable kernel (triton on CPU) fails here, at make()
+    _check_available(kernel)
 
     def fn(q, k, v, *, resets=None, log_gate=None) -> jax.Array:
         """Causal linear attention by chunks. q, k, v ``[B, T, H, D]`` -> ``[B, T, H, D]``;
@@ -124,30 +114,28 @@ def make(options: LTChunkedOptions):
         # An elementwise map goes into the Pallas op with the raw q, k: phi in XLA fused with
         # the producer of q, k (the features are the op's residuals, not q and k), phi' in the
         # gradient kernels (``kernels/lt_chunked/ops.py``).
-        raw = impl in NAMES and phi.slope is not None
-        fq, fk = (q, k) if raw else linear.features(q, k, phi)
+        raw_map = phi if impl in NAMES and phi.slope is not None else None
+        fq, fk = (q, k) if raw_map else linear.features(q, k, phi)
         state = None
         if context_parallel:
-            G, S, z = slice_state(linear.features(q, k, phi)[1] if raw else fk, v, log_gate, resets)
-            state = entering_state(G, S, z, SEQ)
-        raw_map = phi if raw else None
-        if impl != "xla" and (forget is not None or state is not None):
-            # The chunk-parallel kernels forget and start from a state.
-            from linear_gpt2.kernels.lt_chunked import ops  # Pallas: only when picked
+            keys = linear.feature(k, phi) if raw_map else fk
+            state = entering_state(*slice_state(keys, v, log_gate, resets), SEQ)
+        if impl == "xla":
+            (num, den), _ = chunked_linear_attention(fq, fk, v, c, state=state, forget=forget)
+            return linear.normalise(num, den, eps, q.dtype)
+        v = v.astype(q.dtype)
+        if impl == "triton":  # jax-triton's single pass: no state, no forgetting (checked above)
+            from linear_gpt2.kernels.lt_chunked import triton_fused
 
-            y = ops.chunked_attention(
-                fq, fk, v.astype(q.dtype), c, eps, kernel=impl, initial_state=state,
-                log_gate=None if forget is None else forget.log_gate,
-                resets=None if forget is None else forget.resets, feature_map=raw_map,
-            )  # fmt: skip
-            return y.astype(q.dtype)
-        if impl in NAMES:
-            y = _fused(impl)(fq, fk, v.astype(q.dtype), c, eps, raw_map)
-            return y.astype(q.dtype)
-        if impl != "xla":
-            return _fused(impl)(fq, fk, v.astype(q.dtype), c, eps).astype(q.dtype)
-        (num, den), _ = chunked_linear_attention(fq, fk, v, c, state=state, forget=forget)
-        return linear.normalise(num, den, eps, q.dtype)
+            return triton_fused.chunked_attention(fq, fk, v, c, eps).astype(q.dtype)
+        from linear_gpt2.kernels.lt_chunked import ops  # Pallas: only when picked
+
+        y = ops.chunked_attention(
+            fq, fk, v, c, eps, kernel=impl, initial_state=state,
+            log_gate=None if forget is None else forget.log_gate,
+            resets=None if forget is None else forget.resets, feature_map=raw_map,
+        )  # fmt: skip
+        return y.astype(q.dtype)
 
     return fn
 
