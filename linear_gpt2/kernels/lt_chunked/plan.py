@@ -62,6 +62,20 @@ def segments(B: int, H: int, N: int, nv: int, sms: int = SMS) -> int:
     return G
 
 
+# The most chunks for which, with one chunk per segment, the kernels sum the chunks' totals
+# themselves (:func:`own_prefix`): each output / gradient program then reads up to N - 1
+# [D, D] totals (from L2), against the two (state, segment base) of the general path.
+OWN_PREFIX_CHUNKS = 16
+
+
+def own_prefix(blocks: Blocks, N: int) -> bool:
+    """Whether the N chunks are N segments (G = N) few enough (:data:`OWN_PREFIX_CHUNKS`) that
+    the kernels form every state from the chunks' totals themselves, with no XLA prefix and the
+    totals kept for the backward (``ops.own_prefix``, which also asks for no initial / final
+    state and no forgetting)."""
+    return blocks.segments == N <= OWN_PREFIX_CHUNKS
+
+
 def tile(c: int, D: int) -> int:
     """bt, the row tile: 64 rows up to D = 64, 32 at D = 128 (bt D <= 4096 elements per operand
     tile). At D = 128 the backward kernels spill with 64-row tiles (compiled: 120-230 bytes per
