@@ -149,7 +149,8 @@ def chunk_kernels(
     ``_grad_kernel``). With one chunk per segment (``plan.own_prefix``: no initial state, as
     in training) the state passes write only the chunks' totals, the output and gradient
     kernels read those (each array counted once: the sums stay in L2), no XLA prefix runs and
-    the backward keeps the forward's totals instead of recomputing the pass."""
+    the backward keeps the forward's totals instead of recomputing the pass. The reverse state
+    pass forms the row cotangents r, delta (``bwd_dh``, ``rows_from``): no XLA pass."""
     sh = _Shape(B, T, H, D, s, blocks)
     own = plan_lib.own_prefix(blocks, sh.N)
     local = 0 if own else sh.states  # the segment-local states written / read
@@ -172,13 +173,13 @@ def chunk_kernels(
     out += [
         *([] if own else [dataclasses.replace(fwd_h, name="fwd_h (recomputed)")]),
         *bases,
-        _xla("xla: r, delta", 2 * sh.seq + 3 * sh.rows),
+        # bwd_dh forms the row cotangents r, delta (reads y, den; writes r, delta)
         KernelCost(
             "bwd_dh",
             sh.BH * sh.NV * sh.G,
             sh.N // sh.G,
             state_pass,
-            2 * sh.seq + 2 * sh.rows + local + sh.totals,
+            3 * sh.seq + 3 * sh.rows + local + sh.totals,
         ),  # fmt: skip
         *[dataclasses.replace(b, name="xla: segment suffix") for b in bases],
         *[_grad_kernel(sh, parts, False, through_phi, own) for parts in blocks.grad_kernels],
