@@ -133,9 +133,8 @@ def _kernel(
     forget: bool, gated: bool, slope=None, prefix: bool = False,
 ):  # fmt: skip
     """fq, fk, v, dy ``[c, D]`` (the chunk), r, delta ``[c]``, h, dh ``[D, D]``, z, dz ``[D]``
-    (with ``prefix``: h, z are phi(K), V ``[T, D]`` of the whole sequence, from which the state
-    entering the chunk is recomputed, and dh, dz every chunk's cotangent totals ``[N, D, D]``,
-    ``[N, D]``, summed over the chunks after this one),
+    (with ``prefix``: every chunk's totals, ``[N, D, D]``, ``[N, D]``, summed over the chunks
+    before / after this one),
     (b, s ``[c]``), (base, zbase, (decay ``[L]``)), (dbase, dzbase, (rdecay ``[L]``)); one
     ``[bt, bd]`` output per part, then with ``gated`` ``gb [bt]`` (phi(q).dphi(q) -
     phi(k).dphi(k) over the block's columns) and, with dphi(K), ``od [bt]``."""
@@ -163,7 +162,7 @@ def _kernel(
     width = D if block is None else bd
 
     def state(S_ref, z_ref, extra, cut, window):
-        if prefix:  # the cotangent totals of the chunks in ``window``: after chunk n
+        if prefix:  # the totals of the chunks in ``window``: before (S) / after (dS) chunk n
             shape = (width, D) if cut[0] is rows_of else (D, width)
             return tiles.chunk_sum(S_ref, z_ref, *window, cut, rows_of, shape, width)
         S, z = S_ref[cut], z_ref[rows_of]
@@ -175,10 +174,7 @@ def _kernel(
     gb = None
     if "dq" in parts:  # as a query tile
         g = tiles.cotangent_rows(dy_ref[own, :], r_ref[own])
-        if prefix:  # from the keys and values of chunks 0..n-1
-            S_rows, z_blk = tiles.state_before(h_ref, z_ref, D, n * P, bt, kblock=block)
-        else:
-            S_rows, z_blk = state(h_ref, z_ref, base_refs, (rows_of, slice(None)), None)
+        S_rows, z_blk = state(h_ref, z_ref, base_refs, (rows_of, slice(None)), (0, n))
         dq = dq_tile(
             fk_ref, v_ref, g, delta_ref[own], S_rows, z_blk, 0, p, bt=bt, block=block, gate=gate
         )
@@ -245,9 +241,8 @@ def chunk_bwd_grads(
     z [B, H, G, D])`` per segment or None (zero). With ``slope`` (an elementwise feature map's
     phi' as a function of phi, ``tiles.through_phi``): dQ, dK, the gradients of the raw q, k,
     instead of dphi(Q), dphi(K). With ``prefix`` (one chunk per segment, no bases, no
-    forgetting: ``ops``, "own prefix") h, z are None (each program recomputes the state
-    entering its chunk from fk, v: ``tiles.state_before``) and dh, dz are the chunks' totals of
-    the reverse state pass, each program summing those after its chunk (``tiles.chunk_sum``).
+    forgetting: ``ops``, "own prefix") h, z / dh, dz are the chunks' totals of the two state
+    passes, and each program sums those before / after its chunk itself.
 
     ``forget``: None, or ``(b, s, decay, rdecay, gated)``: b ``[B, T, H]`` float32 and s
     ``[B, T]`` int32 as in ``fwd_h``, decay / rdecay ``[B, H, N]`` the factors of the segment's
@@ -268,14 +263,9 @@ def chunk_bwd_grads(
     seg_decay = pl.BlockSpec((None, None, L), lambda t, b, h, d: (b, h, t // P // L))
     if prefix:  # every chunk's totals: the program sums those before / after its chunk
         assert base is None and dbase is None and forget is None and G == N, "one chunk a segment"
-        assert h is None, "prefix: the forward state is recomputed from fk, v"
-        seq = pl.BlockSpec((None, T, None, D), lambda t, b, h, d: (b, 0, h, 0))
-        totals = pl.BlockSpec((None, None, N, D, D), lambda t, b, h, d: (b, h, 0, 0, 0))
-        ztotals = pl.BlockSpec((None, None, N, D), lambda t, b, h, d: (b, h, 0, 0))
-        h, z = fk, v
+        state = pl.BlockSpec((None, None, N, D, D), lambda t, b, h, d: (b, h, 0, 0, 0))
+        zvec = pl.BlockSpec((None, None, N, D), lambda t, b, h, d: (b, h, 0, 0))
     in_specs = [chunk, chunk, chunk, chunk, rows, rows, state, zvec, state, zvec]
-    if prefix:
-        in_specs = [chunk, chunk, chunk, chunk, rows, rows, seq, seq, totals, ztotals]
     args = [fq, fk, v, dy, r, delta, h, z, dh, dz]
     gated = False
     if forget is not None:

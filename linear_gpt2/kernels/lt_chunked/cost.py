@@ -97,14 +97,6 @@ class _Shape:
         scores A, dA contracting over all of D) repeated by every column block."""
         return self.pairs * 2 * self.bt * self.bt * self.D * (n + recomputed * (self.ND - 1))
 
-    def prefix_dots(self, width: int) -> float:
-        """The dots that recompute the state entering every row tile's chunk from the keys and
-        values of the chunks before it, ``width`` columns of one side per program (``ops``,
-        "own prefix"): chunk n's P tiles each redo n chunks' [D, c] x [c, width] dots, over
-        D / width programs per tile."""
-        before = self.N * (self.N - 1) // 2
-        return self.BH * (self.D // width) * self.P * before * 2 * self.c * self.D * width
-
     def state_dots(self, n: int) -> float:
         """n [bt, D] x [D, D] dots per row tile (with a state, or its update)."""
         return self.BH * self.NT * n * 2 * self.bt * self.D * self.D
@@ -127,9 +119,7 @@ def _grad_kernel(
 ) -> KernelCost:
     """``through_phi``: the kernel applies an elementwise feature map's phi' to dq, dk
     (``tiles.through_phi``), reading phi(q) for dq even where dq alone needs no phi(q);
-    ``own`` (``plan.own_prefix``): dq's state recomputed from phi(K), V (read anyway: the
-    dots of the chunks before each tile's), dk's and dv's cotangent summed from the chunks'
-    totals."""
+    ``own``: the chunks' totals read in place of the states and bases (``plan.own_prefix``)."""
     reads, delta, states = set(), False, set()
     flops = 0.0
     for part in parts:
@@ -139,8 +129,6 @@ def _grad_kernel(
         states.add(state)
         fresh, recomputed = _GRAD_TILE_DOTS[part]
         flops += sh.tile_dots(fresh, recomputed) + sh.state_dots(1)
-        if own and part == "dq":
-            flops += sh.prefix_dots(sh.bd)
     if through_phi and "dq" in parts:
         reads.add("q")
     nbytes = len(reads) * sh.seq + (1 + delta) * sh.rows + len(parts) * sh.seq
@@ -148,10 +136,7 @@ def _grad_kernel(
     if fused:  # the state is carried (and updated), not read
         flops += sh.BH * sh.N * 2 * sh.c * sh.D * sh.D * len(states)
         return KernelCost(name, sh.BH * sh.ND, sh.N, flops, nbytes)
-    if own:
-        nbytes += ("dh" in states) * sh.totals
-    else:
-        nbytes += len(states) * (sh.states + sh.totals * (sh.G > 1))
+    nbytes += len(states) * (sh.totals if own else sh.states + sh.totals * (sh.G > 1))
     return KernelCost(name, sh.NT * sh.BH * sh.ND, 1, flops, nbytes)
 
 
@@ -161,13 +146,11 @@ def chunk_kernels(
     """The chunk-parallel design: forward, or forward + backward (the backward recomputes the
     forward state pass). T a multiple of c, D the padded head dim, s bytes per element;
     ``through_phi``: the gradient kernels apply phi' (an elementwise feature map, the default;
-    ``_grad_kernel``). With one chunk per segment and few chunks (``plan.own_prefix``: no
-    initial state, as in training) no forward state pass runs: the output and gradient
-    kernels recompute the states from phi(K), V (more FLOPs, no more compulsory bytes: the
-    earlier chunks are re-read from L2; the per-program latency of those sequential dots is
-    not in this roofline), the reverse pass writes only the chunks' totals, and no XLA prefix
-    runs. The reverse state pass forms the row cotangents r, delta (``bwd_dh``,
-    ``rows_from``): no XLA pass."""
+    ``_grad_kernel``). With one chunk per segment (``plan.own_prefix``: no initial state, as
+    in training) the state passes write only the chunks' totals, the output and gradient
+    kernels read those (each array counted once: the sums stay in L2), no XLA prefix runs and
+    the backward keeps the forward's totals instead of recomputing the pass. The reverse state
+    pass forms the row cotangents r, delta (``bwd_dh``, ``rows_from``): no XLA pass."""
     sh = _Shape(B, T, H, D, s, blocks)
     own = plan_lib.own_prefix(blocks, sh.N)
     local = 0 if own else sh.states  # the segment-local states written / read
@@ -181,13 +164,10 @@ def chunk_kernels(
         "fwd_o",
         sh.NT * sh.BH * sh.NV,
         1,
-        sh.state_dots(1)
-        + sh.tile_dots(1, 0)
-        + sh.pairs * 2 * sh.bt**2 * D * sh.NV
-        + (sh.prefix_dots(sh.bv) if own else 0),
-        4 * sh.seq + (0 if own else sh.states + sh.totals * (sh.G > 1)) + sh.rows,
+        sh.state_dots(1) + sh.tile_dots(1, 0) + sh.pairs * 2 * sh.bt**2 * D * sh.NV,
+        4 * sh.seq + local + sh.totals * (sh.G > 1) + sh.rows,
     )
-    out = [fwd_o] if own else [fwd_h, *bases, fwd_o]
+    out = [fwd_h, *bases, fwd_o]
     if not backward:
         return out
     out += [

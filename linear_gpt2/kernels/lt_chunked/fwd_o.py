@@ -71,9 +71,8 @@ def _kernel(
     prefix: bool = False,
 ):  # fmt: skip
     """fq ``[bt, D]``, fk ``[c, D]``, v ``[c, BV]`` (the chunk), h ``[D, BV]``, z ``[D]`` (with
-    ``prefix``: phi(K) ``[T, D]`` and V ``[T, BV]`` of the whole sequence instead, from which
-    the state entering the chunk is recomputed), (b ``[c]``, s ``[c]``), (base ``[D, BV]``,
-    zbase ``[D]``, (decay ``[L]``)); y ``[bt, BV]``, den ``[bt]``."""
+    ``prefix``: every chunk's total, ``[N, D, BV]``, ``[N, D]``), (b ``[c]``, s ``[c]``), (base
+    ``[D, BV]``, zbase ``[D]``, (decay ``[L]``)); y ``[bt, BV]``, den ``[bt]``."""
     refs = list(refs)
     fq_ref, fk_ref, v_ref, h_ref, z_ref = refs[:5]
     rest = refs[5:]
@@ -87,9 +86,10 @@ def _kernel(
     y_ref, den_ref = rest
     P = c // bt
     p = 0 if P == 1 else pl.program_id(0) % P
-    if prefix:  # the state entering chunk n, from the keys and values of chunks 0..n-1
-        tiles_before = pl.program_id(0) - p  # = n P
-        S, z = tiles.state_before(h_ref, z_ref, z_ref.shape[-1], tiles_before, bt)
+    if prefix:  # the state entering chunk n: the sum of the earlier chunks' totals
+        D, BV = h_ref.shape[-2:]
+        cut = (slice(None), slice(None))
+        S, z = tiles.chunk_sum(h_ref, z_ref, 0, pl.program_id(0) // P, cut, cut[0], (D, BV), D)
     else:
         S, z = h_ref[...], z_ref[...]
     if has_base:
@@ -114,9 +114,9 @@ def chunk_fwd_o(
 ):  # fmt: skip
     """``(y [B, T, H, D], den [B, H, T] float32)``. fq, fk, v ``[B, T, H, D]``; h, z from
     ``fwd_h``; base ``(S [B, H, G, D, D], z [B, H, G, D])`` or None (zero). With ``prefix``
-    (few chunks, no base, no forgetting: ``ops``, "own prefix") h, z are None: each program
-    recomputes the state entering its chunk from fk, v (``tiles.state_before``), in place of
-    a state pass and an XLA prefix over segments. ``forget``: None, or
+    (one chunk per segment, no base, no forgetting: ``ops``, "own prefix") h, z are the chunks'
+    totals (``fwd_h`` without ``local``) and each program sums those before its chunk, in
+    place of an XLA prefix over segments. ``forget``: None, or
     ``(b [B, T, H] float32, s [B, T] int32, decay [B, H, N] float32)``: the chunk-local
     cumulative log-gates, documents within the chunk, and the factor of the segment's base at
     each chunk (the carries of the segment's earlier chunks; read only with a base). Without
@@ -130,12 +130,10 @@ def chunk_fwd_o(
     chunk_v = pl.BlockSpec((None, c, None, BV), lambda t, b, h, iv: (b, t // P, h, iv))
     state = pl.BlockSpec((None, None, None, D, BV), lambda t, b, h, iv: (b, h, t // P, 0, iv))
     zvec = pl.BlockSpec((None, None, None, D), lambda t, b, h, iv: (b, h, t // P, 0))
-    if prefix:  # in the state's place: the sequence's keys and values (their rows before
-        # the chunk are read)
-        assert base is None and forget is None and h is None, "prefix: no base, no forgetting"
-        state = pl.BlockSpec((None, T, None, D), lambda t, b, h, iv: (b, 0, h, 0))
-        zvec = pl.BlockSpec((None, T, None, BV), lambda t, b, h, iv: (b, 0, h, iv))
-        h, z = fk, v
+    if prefix:  # every chunk's total: the program sums those before its chunk
+        assert base is None and forget is None and G == N, "prefix: one chunk per segment only"
+        state = pl.BlockSpec((None, None, N, D, BV), lambda t, b, h, iv: (b, h, 0, 0, iv))
+        zvec = pl.BlockSpec((None, None, N, D), lambda t, b, h, iv: (b, h, 0, 0))
     in_specs = [tile, chunk, chunk_v, state, zvec]
     args = [fq, fk, v, h, z]
     if forget is not None:

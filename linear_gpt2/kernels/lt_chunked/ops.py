@@ -26,13 +26,11 @@ backward recomputes the per-chunk states (one more state pass) rather than keepi
 **Own prefix** (:func:`own_prefix`): with one chunk per segment (G = N, which ``plan.segments``
 gives short sequences at small batch: 1k tokens in chunks of 128 at batch 1), at most
 ``plan.OWN_PREFIX_CHUNKS`` chunks, no initial / final state and no forgetting, every
-segment-local state is zero and every state is a sum over whole earlier chunks. Then no state
-pass runs in the forward: the output kernel recomputes the state entering its chunk from the
-keys and values before it (``tiles.state_before``: n chunks' dots, from L2; the gradient
-kernels likewise for dphi(q)), and the reverse pass writes only each chunk's own cotangent
-total, which the gradient kernels sum over the later chunks (``tiles.chunk_sum``); it also
-forms the row cotangents (``bwd_dh``, ``rows_from``). Three Pallas launches in all, no XLA
-prefix, suffix or row-cotangent pass, no recomputed state pass, the same O(T D) residuals.
+segment-local state is zero and every state is a sum of chunk totals. Then the state passes
+write only the totals, the output and gradient kernels sum the totals before (states) or after
+(cotangents) their chunk themselves (``tiles.chunk_sum``), and the forward's totals (N [D, D]:
+O(T D) at N <= 8) are a residual instead of a recomputed pass: four Pallas launches in all
+and no XLA prefix or suffix.
 
 **The feature map** (``feature_map``): with an elementwise map (``attention.feature_maps``:
 softplus, elu1, relu, exp) the op takes the raw q, k. phi is applied in XLA inside the
@@ -266,10 +264,14 @@ def row_cotangents(dy, y, den, eps: float):
 
 
 def own_prefix(blocks, T: int, state, forget, return_state: bool) -> bool:
-    """Whether the kernels form the states themselves ("own prefix", module docstring): with
-    one chunk per segment (G = N: short sequences at small batch, e.g. 1k tokens in chunks of
-    128 at batch 1), at most ``plan.OWN_PREFIX_CHUNKS`` chunks, no initial or final state and
-    no forgetting. Elsewhere the general path."""
+    """Whether the kernels form the states from the chunks' totals themselves ("own prefix"):
+    with one chunk per segment (G = N: short sequences at small batch, e.g. 1k tokens in chunks
+    of 128 at batch 1), at most ``plan.OWN_PREFIX_CHUNKS`` chunks, no initial or final state and
+    no forgetting. Then every segment-local state is zero and the state entering chunk n is the
+    sum of the totals of chunks 0..n-1: ``fwd_h`` writes only the totals, the output and
+    gradient kernels sum the totals they need (n of them, from L2: a few [D, D] per chunk), and
+    the totals are kept for the backward (N [D, D] states, O(T D) at N <= 8) rather than
+    recomputed; no XLA prefix runs. Elsewhere the general path (module docstring)."""
     return (
         plan_lib.own_prefix(blocks, T // blocks.c)
         and state is None
@@ -279,16 +281,19 @@ def own_prefix(blocks, T: int, state, forget, return_state: bool) -> bool:
 
 
 def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state, normalise=True):
+    """``(y, den, final, totals)``: totals ``(ht, zt)`` on the own-prefix path (the backward's
+    residual, :func:`own_prefix`), else None."""
     if forget is None:
         if own_prefix(blocks, fq.shape[1], state, forget, return_state):
+            ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, local=False)
             y, den = fwd_o.chunk_fwd_o(
-                fq, fk, v, None, None, None, eps, blocks, normalise=normalise, prefix=True
+                fq, fk, v, ht, zt, None, eps, blocks, normalise=normalise, prefix=True
             )
-            return y, den, None
+            return y, den, None, (ht, zt)
         h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)
         base, final = _bases(ht, zt, state, return_state)
         y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks, normalise=normalise)
-        return y, den, final
+        return y, den, final, None
     b, s, _ = forget
     _, decay, _, total = chunk_factors(b, s, blocks.c, blocks.segments)
     h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, b, s)
@@ -296,15 +301,17 @@ def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state, normalis
     y, den = fwd_o.chunk_fwd_o(
         fq, fk, v, h, z, base, eps, blocks, (b, s, decay), normalise=normalise
     )
-    return y, den, final
+    return y, den, final, None
 
 
 def _chunk_backward(
-    fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None, rows_from=None
+    fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None, totals=None,
+    rows_from=None,
 ):  # fmt: skip
     """The gradients from the row cotangents r = 1 / (den + eps) and delta = r (dY . y)
     (:func:`row_cotangents`): ``(dphi(q), dphi(k), dv, dstate, db)``; with ``slope`` (the
-    feature map's phi' from phi) dq, dk of the raw q, k instead of dphi(q), dphi(k).
+    feature map's phi' from phi) dq, dk of the raw q, k instead of dphi(q), dphi(k). ``totals``:
+    the forward's chunk totals on the own-prefix path (:func:`own_prefix`), else None.
     ``rows_from`` = (y, den, eps): r and delta (then None) are formed by the reverse state pass
     (``bwd_dh``, ``rows_from``) rather than by XLA."""
 
@@ -313,12 +320,11 @@ def _chunk_backward(
         out = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks, *gate, local=local, rows_from=rows_from)
         return (out, (r, delta)) if rows_from is None else (out[:-2], out[-2:])
 
-    if own_prefix(blocks, fq.shape[1], state, forget, final_ct is not None):
-        # the states recomputed from fk, v by the gradient kernels, the cotangents summed there
-        # from the reverse pass's chunk totals
+    if totals is not None:  # one chunk per segment: the kernels sum the totals themselves
+        ht, zt = totals
         (dht, dzt), (r, delta) = state_cotangents(local=False)
         dq, dk, dv = bwd_dqkv.chunk_bwd_grads(
-            fq, fk, v, dy, r, delta, None, None, dht, dzt, None, None, blocks, slope=slope,
+            fq, fk, v, dy, r, delta, ht, zt, dht, dzt, None, None, blocks, slope=slope,
             prefix=True,
         )  # fmt: skip
         return dq, dk, dv, None, None
@@ -358,13 +364,14 @@ def _chunk_backward(
 
 def _fused_forward(fq, fk, v, state, forget, blocks, eps, return_state):
     assert forget is None, "the single-pass kernels take no forgetting (choose)"
-    return fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state)
+    return (*fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state), None)
 
 
 def _fused_backward(
-    fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None, rows_from=None
+    fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None, totals=None,
+    rows_from=None,
 ):  # fmt: skip
-    assert rows_from is None, "the single pass reads r, delta (_core_bwd)"
+    assert totals is None and rows_from is None, "the single pass reads r, delta (_core_bwd)"
     return (*fused_chunk.fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks, slope), None)
 
 
@@ -372,7 +379,8 @@ _DESIGNS = {CHUNK: (_chunk_forward, _chunk_backward), FUSED: (_fused_forward, _f
 
 
 def _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk):
-    """``(y [B, T, H, Dp], den [B, H, T], final)``. With nk > 1 key blocks (fq, fk, state
+    """``(y [B, T, H, Dp], den [B, H, T], final, totals)`` (totals: the own-prefix path's
+    residual, :func:`own_prefix`, or None). With nk > 1 key blocks (fq, fk, state
     folded into H nk heads, ``key_blocks``; v, b unfolded) the kernels run unnormalised on the
     folded heads and the blocks' numerators and denominators are summed before the division."""
     if nk == 1:
@@ -380,11 +388,13 @@ def _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, n
         return _DESIGNS[design][0](fq, fk, v, state, forget, blocks, eps, return_state)
     forget = None if b is None else (key_blocks.repeat_heads(b, nk, 2), s, gated)
     vf = key_blocks.repeat_heads(v, nk, 2)
-    num, den, final = _chunk_forward(fq, fk, vf, state, forget, blocks, eps, return_state, False)
+    num, den, final, totals = _chunk_forward(
+        fq, fk, vf, state, forget, blocks, eps, return_state, False
+    )
     num = key_blocks.sum_heads(num, nk, 2)
     den = key_blocks.sum_heads(den, nk, 1)
     r = jnp.swapaxes(kernels.reciprocal(den, eps), 1, 2)[..., None]
-    return (num * r).astype(v.dtype), den, final
+    return (num * r).astype(v.dtype), den, final, totals
 
 
 def _features(q, k, phi):
@@ -400,19 +410,21 @@ def _core(
     q, k, v, state, b, s, gated, design: str, blocks, eps: float, return_state: bool, nk, phi
 ):  # fmt: skip
     fq, fk = _features(q, k, phi)
-    y, _, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
+    y, _, final, _ = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
     return (y, final) if return_state else y
 
 
 def _core_fwd(q, k, v, state, b, s, gated, design, blocks, eps, return_state, nk, phi):
     fq, fk = _features(q, k, phi)
-    y, den, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
+    y, den, final, totals = _forward(
+        fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk
+    )
     out = (y, final) if return_state else y
-    return out, (fq, fk, v, y, den, state, b, s)
+    return out, (fq, fk, v, y, den, state, b, s, totals)
 
 
 def _core_bwd(gated, design, blocks, eps, return_state, nk, phi, residuals, ct):
-    fq, fk, v, y, den, state, b, s = residuals
+    fq, fk, v, y, den, state, b, s, totals = residuals
     dy, final_ct = ct if return_state else (ct, None)
     dy = dy.astype(y.dtype)
     # The chunk-parallel design's reverse state pass forms r, delta itself (``bwd_dh``,
@@ -431,7 +443,7 @@ def _core_bwd(gated, design, blocks, eps, return_state, nk, phi, residuals, ct):
     forget = None if b is None else (b, s, gated)
     dq, dk, dv, dstate, db = _DESIGNS[design][1](
         fq, fk, v, r, delta, state, forget, dy, final_ct, blocks,
-        None if phi is None else phi.slope, rows_from,
+        None if phi is None else phi.slope, totals, rows_from,
     )  # fmt: skip
     if nk > 1:
         dv = key_blocks.sum_heads(dv, nk, 2)

@@ -34,7 +34,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from linear_gpt2 import kernels
 
@@ -186,23 +185,3 @@ def chunk_sum(S_ref, z_ref, lo, hi, cut, zcut, shape, zsize: int):
         return acc[0] + S_ref[(m, *cut)], acc[1] + z_ref[m, zcut]
 
     return lax.fori_loop(lo, hi, add, (jnp.zeros(shape, F32), jnp.zeros((zsize,), F32)))
-
-
-def state_before(fk_ref, v_ref, rows: int, tiles_before, bt: int, kblock=None, vblock=None):
-    """The state entering a chunk recomputed from the keys and values before it: ``(sum_j
-    phi(k_j)[kblock]^T v_j[vblock], sum_j phi(k_j)[kblock])`` float32 over the first
-    ``tiles_before`` row tiles of bt rows of fk_ref ``[T, D]``, v_ref ``[T, BV]`` (``rows``:
-    the width of a v tile's block); ``kblock`` / ``vblock`` a ``pl.ds`` of columns or None (all).
-    The sum over those chunks in one pass (``ops``, "own prefix": few chunks; each program
-    redoes the state pass's dots of its earlier chunks, from L2, instead of a state pass of
-    its own)."""
-    width = fk_ref.shape[-1] if kblock is None else kblock.size
-
-    def add(t, carry):
-        S, z = carry
-        at = pl.ds(t * bt, bt)
-        k = cols(fk_ref, at, kblock)
-        return S + dot(k.T, cols(v_ref, at, vblock)), z + jnp.sum(k.astype(F32), axis=0)
-
-    init = (jnp.zeros((width, rows), F32), jnp.zeros((width,), F32))
-    return lax.fori_loop(0, tiles_before, add, init)
