@@ -561,8 +561,12 @@ def _phi_grad_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
         ])  # fmt: skip
     if not rows:
         return []
-    commit = {k: short(costs.get(k, {}).get("environment", {}).get("git_commit"))
-              for k in ("unrolled", label)}  # fmt: skip
+    # the commits of the points compared (a label's other points may be compiled later)
+    commit = {}
+    for k in ("unrolled", label):
+        default = costs.get(k, {}).get("environment", {}).get("git_commit")
+        commit[k] = ", ".join(sorted({short(d["points"][key][k].get("commit") or default)
+                                      for key in done}))  # fmt: skip
     lines = [
         "## The feature map's phi' in the `LT_chunked` gradient kernels (compiled; MODEL ms)", "",
         f"**unrolled** as above (this tree at {commit['unrolled']}: phi applied by XLA before "
