@@ -332,6 +332,8 @@ def test_segments_and_gradient_kernel_splits(kernel, segments, grads, monkeypatc
     shape, c = (1, 96, 2, 32), 16
     blocks = (plan.fused_blocks if "fused" in kernel else plan.blocks)(1, 96, 2, 32, c)
     assert blocks.grad_kernels == grads
+    if kernel == "pallas_chunk":  # G = N, few chunks: the kernels sum the chunk totals themselves
+        assert plan.own_prefix(blocks, 96 // c) == (segments == "every chunk")
     errs = compare("chunk" if kernel == "pallas_chunk" else "fused_chunk", shape, c)
     assert max(errs) <= F32_TOL, errs
 

@@ -458,22 +458,18 @@ def _attention_layers(pairs) -> list[str]:
 ATTENTION_NOTES = [
     "Where `LT_chunked`'s launches that `flash`'s core lacks come from:",
     "",
-    "- `loop_pad_fusion (concatenate)`: the state pass's segment prefix, run in XLA "
-    "(`_bases`, `_dbases` in `kernels/lt_chunked/ops.py`), one launch for the states and one "
-    "for the normaliser sums: in the forward; in the backward, recomputed, and the cotangents' "
-    "suffix. At 1k with chunks "
-    "of 128 the pass has as many segments as chunks (`plan.segments`: at least two programs "
-    "per SM), so every chunk is a segment of its own, the states `lt_chunked_fwd_h` writes for "
-    "the chunks are all zero and every state the outputs read comes from this prefix.",
-    "- `lt_chunked_fwd_h` in the backward: the state pass recomputed rather than its states "
-    "kept (`ops._chunk_backward`).",
-    "- `input_reduce_fusion (dot_general)`, `loop_multiply_select_fusion (mul)`: the row "
-    "cotangents r = 1 / (den + eps) and delta = r (dY . y) (`ops.row_cotangents`), which "
-    "cuDNN's backward call computes itself.",
-    "- `loop_convert_fusion (convert_element_type)`: the feature map's backward for q and k "
-    "(phi' recomputed from q and k: the `jax.checkpoint` around phi, `attention/linear.py`); "
-    "the forward's split (`loop_convert_slice_fusion`) writes q and k for it besides phi(q), "
-    "phi(k) and v.",
+    "- `lt_chunked_fwd_h`, `lt_chunked_bwd_dh`: the two state passes, each a launch of its "
+    "own because every output (gradient) program reads the totals of the chunks before (after) "
+    "its own, which must all be written first. At 1k with chunks of 128 every chunk is a "
+    "segment of its own (`plan.segments`), so the passes write only each chunk's total and the "
+    "output and gradient kernels sum the ones they need (`plan.own_prefix`, "
+    "`kernels/lt_chunked/ops.py`): no XLA prefix or suffix, and the forward's totals are kept "
+    "for the backward instead of a recomputed pass. The reverse pass also forms the row "
+    "cotangents r = 1 / (den + eps) and delta = r (dY . y), which cuDNN's backward call "
+    "computes itself.",
+    "- Recomputing each chunk's entering state in the output and gradient kernels from the "
+    "keys and values before it would drop the forward pass's launch; priced by this MODEL its "
+    "extra dots cost more than that launch (docs/design.md), so the passes stay.",
 ]
 
 
@@ -565,8 +561,12 @@ def _phi_grad_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
         ])  # fmt: skip
     if not rows:
         return []
-    commit = {k: short(costs.get(k, {}).get("environment", {}).get("git_commit"))
-              for k in ("unrolled", label)}  # fmt: skip
+    # the commits of the points compared (a label's other points may be compiled later)
+    commit = {}
+    for k in ("unrolled", label):
+        default = costs.get(k, {}).get("environment", {}).get("git_commit")
+        commit[k] = ", ".join(sorted({short(d["points"][key][k].get("commit") or default)
+                                      for key in done}))  # fmt: skip
     lines = [
         "## The feature map's phi' in the `LT_chunked` gradient kernels (compiled; MODEL ms)", "",
         f"**unrolled** as above (this tree at {commit['unrolled']}: phi applied by XLA before "

@@ -130,9 +130,11 @@ def dkv_tile(
 
 def _kernel(
     *refs, c: int, bt: int, bd: int, L: int, parts, has_base: bool, has_dbase: bool,
-    forget: bool, gated: bool, slope=None,
+    forget: bool, gated: bool, slope=None, prefix: bool = False,
 ):  # fmt: skip
-    """fq, fk, v, dy ``[c, D]`` (the chunk), r, delta ``[c]``, h, dh ``[D, D]``, z, dz ``[D]``,
+    """fq, fk, v, dy ``[c, D]`` (the chunk), r, delta ``[c]``, h, dh ``[D, D]``, z, dz ``[D]``
+    (with ``prefix``: every chunk's totals, ``[N, D, D]``, ``[N, D]``, summed over the chunks
+    before / after this one),
     (b, s ``[c]``), (base, zbase, (decay ``[L]``)), (dbase, dzbase, (rdecay ``[L]``)); one
     ``[bt, bd]`` output per part, then with ``gated`` ``gb [bt]`` (phi(q).dphi(q) -
     phi(k).dphi(k) over the block's columns) and, with dphi(K), ``od [bt]``."""
@@ -155,9 +157,14 @@ def _kernel(
     own = pl.ds(p * bt, bt)
     block = None if bd == D else pl.ds(pl.program_id(3) * bd, bd)
     rows_of = slice(None) if block is None else block
-    at = (pl.program_id(0) // P) % L  # the chunk's index within its segment
+    n = pl.program_id(0) // P
+    at = n % L  # the chunk's index within its segment
+    width = D if block is None else bd
 
-    def state(S_ref, z_ref, extra, cut):
+    def state(S_ref, z_ref, extra, cut, window):
+        if prefix:  # the totals of the chunks in ``window``: before (S) / after (dS) chunk n
+            shape = (width, D) if cut[0] is rows_of else (D, width)
+            return tiles.chunk_sum(S_ref, z_ref, *window, cut, rows_of, shape, width)
         S, z = S_ref[cut], z_ref[rows_of]
         if extra is not None:
             a = extra[2][at] if forget else 1.0
@@ -167,7 +174,7 @@ def _kernel(
     gb = None
     if "dq" in parts:  # as a query tile
         g = tiles.cotangent_rows(dy_ref[own, :], r_ref[own])
-        S_rows, z_blk = state(h_ref, z_ref, base_refs, (rows_of, slice(None)))
+        S_rows, z_blk = state(h_ref, z_ref, base_refs, (rows_of, slice(None)), (0, n))
         dq = dq_tile(
             fk_ref, v_ref, g, delta_ref[own], S_rows, z_blk, 0, p, bt=bt, block=block, gate=gate
         )
@@ -178,18 +185,22 @@ def _kernel(
 
     kv_parts = tuple(x for x in parts if x != "dq")
     if kv_parts:  # as a key tile
+        after = (n + 1, dh_ref.shape[0]) if prefix else None
 
         def load_dS():
             out = {}
             if "dk" in kv_parts:
-                out["rows"], out["dz"] = state(dh_ref, dz_ref, dbase_refs, (rows_of, slice(None)))
+                out["rows"], out["dz"] = state(
+                    dh_ref, dz_ref, dbase_refs, (rows_of, slice(None)), after
+                )
                 if forget:
                     out["k_blk"] = tiles.cols(fk_ref, own, block)
             if "dv" in kv_parts:
                 if block is None and "rows" in out:
                     out["cols"] = out["rows"]
                 else:
-                    out["cols"] = state(dh_ref, dz_ref, dbase_refs, (slice(None), rows_of))[0]
+                    cut = (slice(None), rows_of)
+                    out["cols"] = state(dh_ref, dz_ref, dbase_refs, cut, after)[0]
             return out
 
         k = fk_ref[own, :] if "dv" in kv_parts else None
@@ -222,14 +233,16 @@ def kernel_name(parts) -> str:
 
 def chunk_bwd_grads(
     fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks: plan_lib.Blocks, forget=None,
-    slope=None,
+    slope=None, prefix: bool = False,
 ):  # fmt: skip
     """``(dphi(Q), dphi(K), dV)`` ``[B, T, H, D]`` in the input dtypes, by the kernels of
     ``blocks.grad_kernels`` (each a tuple of the gradients it computes). h, z / dh, dz: the
     segment-local states from ``fwd_h`` / ``bwd_dh``; base, dbase: ``(S [B, H, G, D, D],
     z [B, H, G, D])`` per segment or None (zero). With ``slope`` (an elementwise feature map's
     phi' as a function of phi, ``tiles.through_phi``): dQ, dK, the gradients of the raw q, k,
-    instead of dphi(Q), dphi(K).
+    instead of dphi(Q), dphi(K). With ``prefix`` (one chunk per segment, no bases, no
+    forgetting: ``ops``, "own prefix") h, z / dh, dz are the chunks' totals of the two state
+    passes, and each program sums those before / after its chunk itself.
 
     ``forget``: None, or ``(b, s, decay, rdecay, gated)``: b ``[B, T, H]`` float32 and s
     ``[B, T]`` int32 as in ``fwd_h``, decay / rdecay ``[B, H, N]`` the factors of the segment's
@@ -248,6 +261,10 @@ def chunk_bwd_grads(
     seg_state = pl.BlockSpec((None, None, None, D, D), lambda t, b, h, d: (b, h, t // P // L, 0, 0))
     seg_zvec = pl.BlockSpec((None, None, None, D), lambda t, b, h, d: (b, h, t // P // L, 0))
     seg_decay = pl.BlockSpec((None, None, L), lambda t, b, h, d: (b, h, t // P // L))
+    if prefix:  # every chunk's totals: the program sums those before / after its chunk
+        assert base is None and dbase is None and forget is None and G == N, "one chunk a segment"
+        state = pl.BlockSpec((None, None, N, D, D), lambda t, b, h, d: (b, h, 0, 0, 0))
+        zvec = pl.BlockSpec((None, None, N, D), lambda t, b, h, d: (b, h, 0, 0))
     in_specs = [chunk, chunk, chunk, chunk, rows, rows, state, zvec, state, zvec]
     args = [fq, fk, v, dy, r, delta, h, z, dh, dz]
     gated = False
@@ -287,6 +304,7 @@ def chunk_bwd_grads(
                 forget=forget is not None,
                 gated=gated,
                 slope=slope,
+                prefix=prefix,
             ),  # fmt: skip
             grid=(T // bt, B, H, nd),
             in_specs=in_specs,

@@ -114,9 +114,12 @@ _GRAD_READS = {
 _GRAD_TILE_DOTS = {"dq": (1, 1), "dk": (1, 1), "dv": (1, 1)}
 
 
-def _grad_kernel(sh: _Shape, parts, fused: bool, through_phi: bool = True) -> KernelCost:
+def _grad_kernel(
+    sh: _Shape, parts, fused: bool, through_phi: bool = True, own: bool = False
+) -> KernelCost:
     """``through_phi``: the kernel applies an elementwise feature map's phi' to dq, dk
-    (``tiles.through_phi``), reading phi(q) for dq even where dq alone needs no phi(q)."""
+    (``tiles.through_phi``), reading phi(q) for dq even where dq alone needs no phi(q);
+    ``own``: the chunks' totals read in place of the states and bases (``plan.own_prefix``)."""
     reads, delta, states = set(), False, set()
     flops = 0.0
     for part in parts:
@@ -133,7 +136,7 @@ def _grad_kernel(sh: _Shape, parts, fused: bool, through_phi: bool = True) -> Ke
     if fused:  # the state is carried (and updated), not read
         flops += sh.BH * sh.N * 2 * sh.c * sh.D * sh.D * len(states)
         return KernelCost(name, sh.BH * sh.ND, sh.N, flops, nbytes)
-    nbytes += len(states) * (sh.states + sh.totals * (sh.G > 1))
+    nbytes += len(states) * (sh.totals if own else sh.states + sh.totals * (sh.G > 1))
     return KernelCost(name, sh.NT * sh.BH * sh.ND, 1, flops, nbytes)
 
 
@@ -143,37 +146,43 @@ def chunk_kernels(
     """The chunk-parallel design: forward, or forward + backward (the backward recomputes the
     forward state pass). T a multiple of c, D the padded head dim, s bytes per element;
     ``through_phi``: the gradient kernels apply phi' (an elementwise feature map, the default;
-    ``_grad_kernel``)."""
+    ``_grad_kernel``). With one chunk per segment (``plan.own_prefix``: no initial state, as
+    in training) the state passes write only the chunks' totals, the output and gradient
+    kernels read those (each array counted once: the sums stay in L2), no XLA prefix runs and
+    the backward keeps the forward's totals instead of recomputing the pass. The reverse state
+    pass forms the row cotangents r, delta (``bwd_dh``, ``rows_from``): no XLA pass."""
     sh = _Shape(B, T, H, D, s, blocks)
+    own = plan_lib.own_prefix(blocks, sh.N)
+    local = 0 if own else sh.states  # the segment-local states written / read
     state_pass = sh.BH * sh.N * 2 * sh.c * D * D
     fwd_h = KernelCost(
         "fwd_h", sh.BH * sh.NV * sh.G, sh.N // sh.G, state_pass,
-        2 * sh.seq + sh.states + sh.totals,
+        2 * sh.seq + local + sh.totals,
     )  # fmt: skip
-    bases = [_xla("xla: segment prefix", 3 * sh.totals)] if sh.G > 1 else []
+    bases = [_xla("xla: segment prefix", 3 * sh.totals)] if sh.G > 1 and not own else []
     fwd_o = KernelCost(
         "fwd_o",
         sh.NT * sh.BH * sh.NV,
         1,
         sh.state_dots(1) + sh.tile_dots(1, 0) + sh.pairs * 2 * sh.bt**2 * D * sh.NV,
-        4 * sh.seq + sh.states + sh.totals * (sh.G > 1) + sh.rows,
+        4 * sh.seq + local + sh.totals * (sh.G > 1) + sh.rows,
     )
     out = [fwd_h, *bases, fwd_o]
     if not backward:
         return out
     out += [
-        dataclasses.replace(fwd_h, name="fwd_h (recomputed)"),
+        *([] if own else [dataclasses.replace(fwd_h, name="fwd_h (recomputed)")]),
         *bases,
-        _xla("xla: r, delta", 2 * sh.seq + 3 * sh.rows),
+        # bwd_dh forms the row cotangents r, delta (reads y, den; writes r, delta)
         KernelCost(
             "bwd_dh",
             sh.BH * sh.NV * sh.G,
             sh.N // sh.G,
             state_pass,
-            2 * sh.seq + 2 * sh.rows + sh.states + sh.totals,
+            3 * sh.seq + 3 * sh.rows + local + sh.totals,
         ),  # fmt: skip
         *[dataclasses.replace(b, name="xla: segment suffix") for b in bases],
-        *[_grad_kernel(sh, parts, False, through_phi) for parts in blocks.grad_kernels],
+        *[_grad_kernel(sh, parts, False, through_phi, own) for parts in blocks.grad_kernels],
     ]
     return out
 

@@ -59,23 +59,25 @@ def add_tile(fk_ref, v_ref, start, bt, p, carry, *, gate=None):
     return S + tiles.dot(k.T, v_ref[rows, :]), z + jnp.sum(k32, axis=0)
 
 
-def _kernel(*refs, c: int, bt: int, L: int, forget: bool):
-    """fk ``[L c, D]``, v ``[L c, BV]`` (the segment), (b ``[L c]``, s ``[L c]``); h ``[L, D, BV]``,
-    z ``[L, D]``, ht ``[D, BV]``, zt ``[D]``."""
+def _kernel(*refs, c: int, bt: int, L: int, forget: bool, local: bool = True):
+    """fk ``[L c, D]``, v ``[L c, BV]`` (the segment), (b ``[L c]``, s ``[L c]``); (h
+    ``[L, D, BV]``, z ``[L, D]``: unless not ``local``), ht ``[D, BV]``, zt ``[D]``."""
+    fk_ref, v_ref = refs[:2]
     if forget:
-        fk_ref, v_ref, b_ref, s_ref, h_ref, z_ref, ht_ref, zt_ref = refs
-    else:
-        fk_ref, v_ref, h_ref, z_ref, ht_ref, zt_ref = refs
+        b_ref, s_ref = refs[2:4]
+    ht_ref, zt_ref = refs[-2:]
+    h_ref, z_ref = refs[-4:-2] if local else (None, None)
     first_block = pl.program_id(3) == 0
     D, BV = fk_ref.shape[-1], v_ref.shape[-1]
 
     def chunk(n, carry):
         S, z = carry
-        h_ref[n] = S
+        if local:
+            h_ref[n] = S
 
-        @pl.when(first_block)
-        def _():
-            z_ref[n] = z
+            @pl.when(first_block)
+            def _():
+                z_ref[n] = z
 
         gate = None
         if forget:
@@ -95,25 +97,35 @@ def _kernel(*refs, c: int, bt: int, L: int, forget: bool):
         zt_ref[...] = z
 
 
-def chunk_fwd_h(fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks, b=None, s=None):
+def chunk_fwd_h(
+    fk: jax.Array, v: jax.Array, blocks: plan_lib.Blocks, b=None, s=None, local: bool = True
+):
     """``(h [B, H, N, D, D], z [B, H, N, D], ht [B, H, G, D, D], zt [B, H, G, D])``, float32:
     segment-local states entering each chunk and each segment's total. fk, v ``[B, T, H, D]``,
     T = N c, D a power of two; with forgetting b ``[B, T, H]`` float32 (chunk-local cumulative
-    log-gates) and s ``[B, T]`` int32 (document index within the chunk)."""
+    log-gates) and s ``[B, T]`` int32 (document index within the chunk). Without ``local``
+    (one chunk per segment, G = N: every segment-local state is zero) only ``(ht, zt)``, the
+    chunks' own totals."""
     B, T, H, D = fk.shape
     c, BV, G = blocks.c, blocks.bv, blocks.segments
     L = T // c // G
     seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
     seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))
     in_specs, args = [seg, seg_v], [fk, v]
-    return launch_state_pass(_kernel, "fwd_h", in_specs, args, (B, T, H, D), blocks, b, s)
+    return launch_state_pass(
+        _kernel, "fwd_h", in_specs, args, (B, T, H, D), blocks, b, s, local=local
+    )
 
 
-def launch_state_pass(kernel, name, in_specs, args, shape, blocks: plan_lib.Blocks, b, s):
+def launch_state_pass(
+    kernel, name, in_specs, args, shape, blocks: plan_lib.Blocks, b, s, local: bool = True,
+    row_outputs: int = 0,
+):  # fmt: skip
     """The launch both state passes share (``fwd_h`` here, ``bwd_dh`` in reverse): grid
     (G, B, H, D/bv); the inputs given, plus b, s with forgetting; outputs the per-chunk states
-    [B, H, N, D, D] and [B, H, N, D] and each segment's total [B, H, G, D, D], [B, H, G, D],
-    float32."""
+    [B, H, N, D, D] and [B, H, N, D] (unless not ``local``: G = N, where they are zero) and
+    each segment's total [B, H, G, D, D], [B, H, G, D], float32, then ``row_outputs`` per-row
+    arrays [B, H, T] float32 (``bwd_dh``'s row cotangents)."""
     B, T, H, D = shape
     c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
     N = T // c
@@ -125,22 +137,29 @@ def launch_state_pass(kernel, name, in_specs, args, shape, blocks: plan_lib.Bloc
             pl.BlockSpec((None, L * c), lambda g, b, h, iv: (b, g)),
         ]
         args = args + [b, s]
+    assert local or L == 1, "only a one-chunk segment has no segment-local states to write"
+    out_specs = [
+        pl.BlockSpec((None, None, L, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
+        pl.BlockSpec((None, None, L, D), lambda g, b, h, iv: (b, h, g, 0)),
+        pl.BlockSpec((None, None, None, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
+        pl.BlockSpec((None, None, None, D), lambda g, b, h, iv: (b, h, g, 0)),
+    ]
+    out_shape = [
+        jax.ShapeDtypeStruct((B, H, N, D, D), F32),
+        jax.ShapeDtypeStruct((B, H, N, D), F32),
+        jax.ShapeDtypeStruct((B, H, G, D, D), F32),
+        jax.ShapeDtypeStruct((B, H, G, D), F32),
+    ]
+    if not local:
+        out_specs, out_shape = out_specs[2:], out_shape[2:]
+    out_specs += [pl.BlockSpec((None, None, L * c), lambda g, b, h, iv: (b, h, g))] * row_outputs
+    out_shape += [jax.ShapeDtypeStruct((B, H, T), F32)] * row_outputs
     return pl.pallas_call(
-        partial(kernel, c=c, bt=bt, L=L, forget=forget),
+        partial(kernel, c=c, bt=bt, L=L, forget=forget, local=local),
         grid=(G, B, H, D // BV),
         in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((None, None, L, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
-            pl.BlockSpec((None, None, L, D), lambda g, b, h, iv: (b, h, g, 0)),
-            pl.BlockSpec((None, None, None, D, BV), lambda g, b, h, iv: (b, h, g, 0, iv)),
-            pl.BlockSpec((None, None, None, D), lambda g, b, h, iv: (b, h, g, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((B, H, N, D, D), F32),
-            jax.ShapeDtypeStruct((B, H, N, D), F32),
-            jax.ShapeDtypeStruct((B, H, G, D, D), F32),
-            jax.ShapeDtypeStruct((B, H, G, D), F32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=plan_lib.compiler_params(name, D, blocks),
         interpret=kernels.interpret(),
         name=f"lt_chunked_{name}",

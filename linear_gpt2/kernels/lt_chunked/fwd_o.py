@@ -67,11 +67,12 @@ def output_tile(
 
 
 def _kernel(
-    *refs, c: int, bt: int, L: int, eps: float, has_base: bool, forget: bool, normalise: bool
-):
-    """fq ``[bt, D]``, fk ``[c, D]``, v ``[c, BV]`` (the chunk), h ``[D, BV]``, z ``[D]``,
-    (b ``[c]``, s ``[c]``), (base ``[D, BV]``, zbase ``[D]``, (decay ``[L]``)); y ``[bt, BV]``,
-    den ``[bt]``."""
+    *refs, c: int, bt: int, L: int, eps: float, has_base: bool, forget: bool, normalise: bool,
+    prefix: bool = False,
+):  # fmt: skip
+    """fq ``[bt, D]``, fk ``[c, D]``, v ``[c, BV]`` (the chunk), h ``[D, BV]``, z ``[D]`` (with
+    ``prefix``: every chunk's total, ``[N, D, BV]``, ``[N, D]``), (b ``[c]``, s ``[c]``), (base
+    ``[D, BV]``, zbase ``[D]``, (decay ``[L]``)); y ``[bt, BV]``, den ``[bt]``."""
     refs = list(refs)
     fq_ref, fk_ref, v_ref, h_ref, z_ref = refs[:5]
     rest = refs[5:]
@@ -85,7 +86,12 @@ def _kernel(
     y_ref, den_ref = rest
     P = c // bt
     p = 0 if P == 1 else pl.program_id(0) % P
-    S, z = h_ref[...], z_ref[...]
+    if prefix:  # the state entering chunk n: the sum of the earlier chunks' totals
+        D, BV = h_ref.shape[-2:]
+        cut = (slice(None), slice(None))
+        S, z = tiles.chunk_sum(h_ref, z_ref, 0, pl.program_id(0) // P, cut, cut[0], (D, BV), D)
+    else:
+        S, z = h_ref[...], z_ref[...]
     if has_base:
         if forget:  # the segment's base decays over the segment's earlier chunks
             a = decay_ref[(pl.program_id(0) // P) % L]
@@ -103,10 +109,14 @@ def _kernel(
 
 
 def chunk_fwd_o(
-    fq, fk, v, h, z, base, eps: float, blocks: plan_lib.Blocks, forget=None, normalise=True
-):
+    fq, fk, v, h, z, base, eps: float, blocks: plan_lib.Blocks, forget=None, normalise=True,
+    prefix=False,
+):  # fmt: skip
     """``(y [B, T, H, D], den [B, H, T] float32)``. fq, fk, v ``[B, T, H, D]``; h, z from
-    ``fwd_h``; base ``(S [B, H, G, D, D], z [B, H, G, D])`` or None (zero). ``forget``: None, or
+    ``fwd_h``; base ``(S [B, H, G, D, D], z [B, H, G, D])`` or None (zero). With ``prefix``
+    (one chunk per segment, no base, no forgetting: ``ops``, "own prefix") h, z are the chunks'
+    totals (``fwd_h`` without ``local``) and each program sums those before its chunk, in
+    place of an XLA prefix over segments. ``forget``: None, or
     ``(b [B, T, H] float32, s [B, T] int32, decay [B, H, N] float32)``: the chunk-local
     cumulative log-gates, documents within the chunk, and the factor of the segment's base at
     each chunk (the carries of the segment's earlier chunks; read only with a base). Without
@@ -120,6 +130,10 @@ def chunk_fwd_o(
     chunk_v = pl.BlockSpec((None, c, None, BV), lambda t, b, h, iv: (b, t // P, h, iv))
     state = pl.BlockSpec((None, None, None, D, BV), lambda t, b, h, iv: (b, h, t // P, 0, iv))
     zvec = pl.BlockSpec((None, None, None, D), lambda t, b, h, iv: (b, h, t // P, 0))
+    if prefix:  # every chunk's total: the program sums those before its chunk
+        assert base is None and forget is None and G == N, "prefix: one chunk per segment only"
+        state = pl.BlockSpec((None, None, N, D, BV), lambda t, b, h, iv: (b, h, 0, 0, iv))
+        zvec = pl.BlockSpec((None, None, N, D), lambda t, b, h, iv: (b, h, 0, 0))
     in_specs = [tile, chunk, chunk_v, state, zvec]
     args = [fq, fk, v, h, z]
     if forget is not None:
@@ -147,6 +161,7 @@ def chunk_fwd_o(
             has_base=base is not None,
             forget=forget is not None,
             normalise=normalise,
+            prefix=prefix,
         ),  # fmt: skip
         grid=(T // bt, B, H, D // BV),
         in_specs=in_specs,

@@ -23,6 +23,15 @@ shape); the two names force one. The interface, for both: :func:`chunked_attenti
 Residuals of the ``custom_vjp``: phi(q), phi(k), v, y, den and the initial state: O(T D); the
 backward recomputes the per-chunk states (one more state pass) rather than keeping T/c D^2.
 
+**Own prefix** (:func:`own_prefix`): with one chunk per segment (G = N, which ``plan.segments``
+gives short sequences at small batch: 1k tokens in chunks of 128 at batch 1), at most
+``plan.OWN_PREFIX_CHUNKS`` chunks, no initial / final state and no forgetting, every
+segment-local state is zero and every state is a sum of chunk totals. Then the state passes
+write only the totals, the output and gradient kernels sum the totals before (states) or after
+(cotangents) their chunk themselves (``tiles.chunk_sum``), and the forward's totals (N [D, D]:
+O(T D) at N <= 8) are a residual instead of a recomputed pass: four Pallas launches in all
+and no XLA prefix or suffix.
+
 **The feature map** (``feature_map``): with an elementwise map (``attention.feature_maps``:
 softplus, elu1, relu, exp) the op takes the raw q, k. phi is applied in XLA inside the
 ``custom_vjp``, in float32 and rounded to the input dtype (``attention.linear.features``'
@@ -254,12 +263,37 @@ def row_cotangents(dy, y, den, eps: float):
 # The chunk-parallel design
 
 
+def own_prefix(blocks, T: int, state, forget, return_state: bool) -> bool:
+    """Whether the kernels form the states from the chunks' totals themselves ("own prefix"):
+    with one chunk per segment (G = N: short sequences at small batch, e.g. 1k tokens in chunks
+    of 128 at batch 1), at most ``plan.OWN_PREFIX_CHUNKS`` chunks, no initial or final state and
+    no forgetting. Then every segment-local state is zero and the state entering chunk n is the
+    sum of the totals of chunks 0..n-1: ``fwd_h`` writes only the totals, the output and
+    gradient kernels sum the totals they need (n of them, from L2: a few [D, D] per chunk), and
+    the totals are kept for the backward (N [D, D] states, O(T D) at N <= 8) rather than
+    recomputed; no XLA prefix runs. Elsewhere the general path (module docstring)."""
+    return (
+        plan_lib.own_prefix(blocks, T // blocks.c)
+        and state is None
+        and forget is None
+        and not return_state
+    )
+
+
 def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state, normalise=True):
+    """``(y, den, final, totals)``: totals ``(ht, zt)`` on the own-prefix path (the backward's
+    residual, :func:`own_prefix`), else None."""
     if forget is None:
+        if own_prefix(blocks, fq.shape[1], state, forget, return_state):
+            ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, local=False)
+            y, den = fwd_o.chunk_fwd_o(
+                fq, fk, v, ht, zt, None, eps, blocks, normalise=normalise, prefix=True
+            )
+            return y, den, None, (ht, zt)
         h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)
         base, final = _bases(ht, zt, state, return_state)
         y, den = fwd_o.chunk_fwd_o(fq, fk, v, h, z, base, eps, blocks, normalise=normalise)
-        return y, den, final
+        return y, den, final, None
     b, s, _ = forget
     _, decay, _, total = chunk_factors(b, s, blocks.c, blocks.segments)
     h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, b, s)
@@ -267,17 +301,37 @@ def _chunk_forward(fq, fk, v, state, forget, blocks, eps, return_state, normalis
     y, den = fwd_o.chunk_fwd_o(
         fq, fk, v, h, z, base, eps, blocks, (b, s, decay), normalise=normalise
     )
-    return y, den, final
+    return y, den, final, None
 
 
-def _chunk_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None):
+def _chunk_backward(
+    fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None, totals=None,
+    rows_from=None,
+):  # fmt: skip
     """The gradients from the row cotangents r = 1 / (den + eps) and delta = r (dY . y)
     (:func:`row_cotangents`): ``(dphi(q), dphi(k), dv, dstate, db)``; with ``slope`` (the
-    feature map's phi' from phi) dq, dk of the raw q, k instead of dphi(q), dphi(k)."""
+    feature map's phi' from phi) dq, dk of the raw q, k instead of dphi(q), dphi(k). ``totals``:
+    the forward's chunk totals on the own-prefix path (:func:`own_prefix`), else None.
+    ``rows_from`` = (y, den, eps): r and delta (then None) are formed by the reverse state pass
+    (``bwd_dh``, ``rows_from``) rather than by XLA."""
+
+    def state_cotangents(*gate, local=True):
+        """``bwd_dh``'s outputs and the row cotangents (its own when it forms them)."""
+        out = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks, *gate, local=local, rows_from=rows_from)
+        return (out, (r, delta)) if rows_from is None else (out[:-2], out[-2:])
+
+    if totals is not None:  # one chunk per segment: the kernels sum the totals themselves
+        ht, zt = totals
+        (dht, dzt), (r, delta) = state_cotangents(local=False)
+        dq, dk, dv = bwd_dqkv.chunk_bwd_grads(
+            fq, fk, v, dy, r, delta, ht, zt, dht, dzt, None, None, blocks, slope=slope,
+            prefix=True,
+        )  # fmt: skip
+        return dq, dk, dv, None, None
     if forget is None:
         h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks)  # recomputed: O(T D) residuals only
         base, _ = _bases(ht, zt, state, False)
-        dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks)
+        (dh, dz, dht, dzt), (r, delta) = state_cotangents()
         dbase, dstate = _dbases(dht, dzt, final_ct, state is not None)
         dq, dk, dv = bwd_dqkv.chunk_bwd_grads(
             fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks, slope=slope
@@ -288,7 +342,7 @@ def _chunk_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, sl
     carry, decay, rdecay, total = chunk_factors(b, s, blocks.c, G)
     h, z, ht, zt = fwd_h.chunk_fwd_h(fk, v, blocks, b, s)
     base, _ = _decayed_bases(ht, zt, total, state, False)
-    dh, dz, dht, dzt = bwd_dh.chunk_bwd_dh(fq, dy, r, delta, blocks, b, s)
+    (dh, dz, dht, dzt), (r, delta) = state_cotangents(b, s)
     dbase, dstate = _decayed_dbases(dht, dzt, total, final_ct, state is not None)
     out = bwd_dqkv.chunk_bwd_grads(
         fq, fk, v, dy, r, delta, h, z, dh, dz, base, dbase, blocks,
@@ -310,10 +364,14 @@ def _chunk_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, sl
 
 def _fused_forward(fq, fk, v, state, forget, blocks, eps, return_state):
     assert forget is None, "the single-pass kernels take no forgetting (choose)"
-    return fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state)
+    return (*fused_chunk.fused_fwd(fq, fk, v, state, blocks, eps, return_state), None)
 
 
-def _fused_backward(fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None):
+def _fused_backward(
+    fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, slope=None, totals=None,
+    rows_from=None,
+):  # fmt: skip
+    assert totals is None and rows_from is None, "the single pass reads r, delta (_core_bwd)"
     return (*fused_chunk.fused_bwd(fq, fk, v, dy, r, delta, state, final_ct, blocks, slope), None)
 
 
@@ -321,7 +379,8 @@ _DESIGNS = {CHUNK: (_chunk_forward, _chunk_backward), FUSED: (_fused_forward, _f
 
 
 def _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk):
-    """``(y [B, T, H, Dp], den [B, H, T], final)``. With nk > 1 key blocks (fq, fk, state
+    """``(y [B, T, H, Dp], den [B, H, T], final, totals)`` (totals: the own-prefix path's
+    residual, :func:`own_prefix`, or None). With nk > 1 key blocks (fq, fk, state
     folded into H nk heads, ``key_blocks``; v, b unfolded) the kernels run unnormalised on the
     folded heads and the blocks' numerators and denominators are summed before the division."""
     if nk == 1:
@@ -329,11 +388,13 @@ def _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, n
         return _DESIGNS[design][0](fq, fk, v, state, forget, blocks, eps, return_state)
     forget = None if b is None else (key_blocks.repeat_heads(b, nk, 2), s, gated)
     vf = key_blocks.repeat_heads(v, nk, 2)
-    num, den, final = _chunk_forward(fq, fk, vf, state, forget, blocks, eps, return_state, False)
+    num, den, final, totals = _chunk_forward(
+        fq, fk, vf, state, forget, blocks, eps, return_state, False
+    )
     num = key_blocks.sum_heads(num, nk, 2)
     den = key_blocks.sum_heads(den, nk, 1)
     r = jnp.swapaxes(kernels.reciprocal(den, eps), 1, 2)[..., None]
-    return (num * r).astype(v.dtype), den, final
+    return (num * r).astype(v.dtype), den, final, totals
 
 
 def _features(q, k, phi):
@@ -349,22 +410,31 @@ def _core(
     q, k, v, state, b, s, gated, design: str, blocks, eps: float, return_state: bool, nk, phi
 ):  # fmt: skip
     fq, fk = _features(q, k, phi)
-    y, _, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
+    y, _, final, _ = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
     return (y, final) if return_state else y
 
 
 def _core_fwd(q, k, v, state, b, s, gated, design, blocks, eps, return_state, nk, phi):
     fq, fk = _features(q, k, phi)
-    y, den, final = _forward(fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk)
+    y, den, final, totals = _forward(
+        fq, fk, v, state, b, s, gated, design, blocks, eps, return_state, nk
+    )
     out = (y, final) if return_state else y
-    return out, (fq, fk, v, y, den, state, b, s)
+    return out, (fq, fk, v, y, den, state, b, s, totals)
 
 
 def _core_bwd(gated, design, blocks, eps, return_state, nk, phi, residuals, ct):
-    fq, fk, v, y, den, state, b, s = residuals
+    fq, fk, v, y, den, state, b, s, totals = residuals
     dy, final_ct = ct if return_state else (ct, None)
     dy = dy.astype(y.dtype)
-    r, delta = row_cotangents(dy, y, den, eps)
+    # The chunk-parallel design's reverse state pass forms r, delta itself (``bwd_dh``,
+    # ``rows_from``): no XLA pass over dY, y. With key blocks they are those of the summed
+    # rows, repeated over the blocks: formed here.
+    rows_from = r = delta = None
+    if design == CHUNK and nk == 1:
+        rows_from = (y, den, eps)
+    else:
+        r, delta = row_cotangents(dy, y, den, eps)
     if nk > 1:  # every block reads the summed row cotangents (key_blocks)
         r, delta = (key_blocks.repeat_heads(x, nk, 1) for x in (r, delta))
         dy = key_blocks.repeat_heads(dy, nk, 2)
@@ -372,8 +442,9 @@ def _core_bwd(gated, design, blocks, eps, return_state, nk, phi, residuals, ct):
         b = None if b is None else key_blocks.repeat_heads(b, nk, 2)
     forget = None if b is None else (b, s, gated)
     dq, dk, dv, dstate, db = _DESIGNS[design][1](
-        fq, fk, v, r, delta, state, forget, dy, final_ct, blocks, None if phi is None else phi.slope
-    )
+        fq, fk, v, r, delta, state, forget, dy, final_ct, blocks,
+        None if phi is None else phi.slope, totals, rows_from,
+    )  # fmt: skip
     if nk > 1:
         dv = key_blocks.sum_heads(dv, nk, 2)
         db = None if db is None else key_blocks.sum_heads(db, nk, 2)

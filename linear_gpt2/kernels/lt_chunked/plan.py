@@ -62,6 +62,23 @@ def segments(B: int, H: int, N: int, nv: int, sms: int = SMS) -> int:
     return G
 
 
+# The most chunks for which, with one chunk per segment, the kernels sum the chunks' totals
+# themselves (:func:`own_prefix`): each output / gradient program then reads up to N - 1
+# [D, D] totals (from L2), against the two (state, segment base) of the general path. 8: 1k
+# tokens in chunks of 128; at c = 64 the general path (both compile-tested at 1k). Forming the
+# states from phi(K), V instead (no forward state pass) was priced by the step-time MODEL and
+# lost: the recomputed dots cost more than the launch (docs/design.md).
+OWN_PREFIX_CHUNKS = 8
+
+
+def own_prefix(blocks: Blocks, N: int) -> bool:
+    """Whether the N chunks are N segments (G = N) few enough (:data:`OWN_PREFIX_CHUNKS`) that
+    the kernels form every state from the chunks' totals themselves, with no XLA prefix and the
+    totals kept for the backward (``ops.own_prefix``, which also asks for no initial / final
+    state and no forgetting)."""
+    return blocks.segments == N <= OWN_PREFIX_CHUNKS
+
+
 def tile(c: int, D: int) -> int:
     """bt, the row tile: 64 rows up to D = 64, 32 at D = 128 (bt D <= 4096 elements per operand
     tile). At D = 128 the backward kernels spill with 64-row tiles (compiled: 120-230 bytes per

@@ -172,3 +172,16 @@ def through_phi(dphi: jax.Array, f_ref, rows, block, slope) -> jax.Array:
     if slope is None:
         return dphi
     return dphi * slope(cols(f_ref, rows, block).astype(F32))
+
+
+def chunk_sum(S_ref, z_ref, lo, hi, cut, zcut, shape, zsize: int):
+    """``(sum_{m in [lo, hi)} S_ref[m][cut], sum_m z_ref[m][zcut])`` float32 (``shape``,
+    ``zsize``: those of one term): a state, or a cotangent, formed from the chunk totals of the state passes
+    when every chunk is a segment of its own (``ops``, "own prefix"). ``cut`` / ``zcut``: the
+    block of the [D, BV] / [D] totals wanted (slices or ``pl.ds``); an empty range gives
+    zeros."""
+
+    def add(m, acc):
+        return acc[0] + S_ref[(m, *cut)], acc[1] + z_ref[m, zcut]
+
+    return lax.fori_loop(lo, hi, add, (jnp.zeros(shape, F32), jnp.zeros((zsize,), F32)))
