@@ -15,7 +15,8 @@ and :func:`tiled_kernels` give
 - ``programs`` and ``steps`` (the loop steps of the longest program).
 
 The bound of a launch (:attr:`Launch.seconds`) is the largest of: its FLOPs at the peak
-(989 TFLOP/s dense bf16), its compulsory bytes at 3.35 TB/s, and the makespan of its programs
+(dense bf16, :data:`linear_gpt2.platform.cards.H100`), its compulsory bytes at the HBM
+bandwidth, and the makespan of its programs
 on the 132 SMs: programs start in launch order (the grid's first axis fastest), each on the SM
 that frees first, and a program of n steps takes n times the longer of its step's FLOPs at a
 132th of the peak and its step's L2 bytes at a 132th of ``L2_BYTES``. The makespan is what
@@ -42,9 +43,13 @@ import math
 from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, TILED
 from linear_gpt2.kernels.lt_attention_parallel import plan as plan_lib
 from linear_gpt2.kernels.lt_chunked import plan as chunked_plan
-from linear_gpt2.kernels.lt_chunked.cost import F32_BYTES, LAUNCH_SECONDS, PEAK_BYTES, PEAK_FLOPS
+from linear_gpt2.kernels.lt_chunked.cost import F32_BYTES
+from linear_gpt2.platform.cards import H100
 
-SMS = chunked_plan.SMS
+PEAK_FLOPS = H100.peak_bf16_flops
+PEAK_BYTES = H100.hbm_bytes_per_s
+SMS = H100.sms
+LAUNCH_SECONDS = H100.launch_seconds
 L2_BYTES_PER_CLOCK = 5120  # assumed (module docstring)
 CLOCK_HZ = 1.83e9  # the clock of the 989 TFLOP/s peak: 132 SMs x 4096 dense bf16 FLOP / clock
 L2_BYTES = L2_BYTES_PER_CLOCK * CLOCK_HZ
