@@ -25,10 +25,10 @@ shortest first) and too few of them. ``seconds_plain`` is the same bound with th
 out (L2 bandwidth unbounded): the ``lt_chunked`` model's assumption, shown beside it.
 
 ``L2_BYTES`` is an ASSUMPTION, not a measurement of this card: 5,120 bytes per clock (the L2 read
-bandwidth NVIDIA gives for the A100; none is published for the H100) at the 1.83 GHz that the
-989 TFLOP/s peak implies, 9.4 TB/s. A higher figure favours the old kernel (its loop steps load
-twice the bytes per FLOP); ``benchmarks/roofline.py`` reports, per length, the L2 bandwidth
-above which the old kernel's bound would be the lower one.
+bandwidth NVIDIA gives for the A100; none is published for the H100) at the clock the dense
+bf16 peak implies (``CLOCK_HZ``: 1.83 GHz, 9.4 TB/s). A higher figure favours the old kernel
+(its loop steps load twice the bytes per FLOP); ``benchmarks/roofline.py`` reports, per length,
+the L2 bandwidth above which the old kernel's bound would be the lower one.
 
 :func:`choose` is what ``kernel=pallas`` decides with (as ``lt_chunked.cost.choose``): the
 design and tiling with the lowest modelled forward + backward time, launches included.
@@ -51,7 +51,7 @@ PEAK_BYTES = H100.hbm_bytes_per_s
 SMS = H100.sms
 LAUNCH_SECONDS = H100.launch_seconds
 L2_BYTES_PER_CLOCK = 5120  # assumed (module docstring)
-CLOCK_HZ = 1.83e9  # the clock of the 989 TFLOP/s peak: 132 SMs x 4096 dense bf16 FLOP / clock
+CLOCK_HZ = PEAK_FLOPS / (SMS * 4096)  # the clock the peak implies: 4096 dense bf16 FLOP/SM/clock
 L2_BYTES = L2_BYTES_PER_CLOCK * CLOCK_HZ
 
 
