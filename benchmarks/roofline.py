@@ -12,8 +12,9 @@ in bfloat16:
 
 the table gives FLOPs, bytes to and from HBM, programs launched, chunks walked in sequence per
 program, and the lower-bound time from ``linear_gpt2.kernels.lt_chunked.cost``: the roofline at
-the H100's peaks (989 TFLOP/s dense bf16, 3.35 TB/s) divided by the share of the 132 SMs the
-launch can occupy. Totals add ``cost.LAUNCH_SECONDS`` per launch (an assumption). The registers,
+the H100's peaks (``linear_gpt2.platform.cards.H100``: dense bf16 FLOP/s, HBM bytes/s) divided
+by the share of its SMs the launch can occupy. Totals add ``cost.LAUNCH_SECONDS`` per launch (the
+card's launch overhead, fitted by the step-time model to measured H100 steps). The registers,
 shared memory and spill columns are compile measurements (deviceless, ``linear_gpt2.platform.target``) of
 the same kernels at T = 4096; the old kernel's come from compiling it at commit 5d0586d (it is
 no longer in the tree). ``kernel=pallas`` picks the design with the lower modelled total, the
@@ -26,6 +27,8 @@ behind the tiled design; the model and its files in ``roofline_parallel.py`` bes
 
     python benchmarks/roofline.py              # compiles (registers, shared memory): minutes
     python benchmarks/roofline.py --no-compile # the models alone
+    python benchmarks/roofline.py --reprice    # the models again, the compiled resources kept
+                                               # from the raw files under --out (no compile)
     python benchmarks/roofline.py --op LT_attention_parallel   # one op's files only
     python benchmarks/roofline.py --tiny       # two lengths, one chunk size, no compile (tests)
 
@@ -193,9 +196,10 @@ def choices(Ts=(16384, 131072)) -> list[dict]:
 # Output
 
 
-def model_json(summary, picks, env, resources, compiled: bool) -> dict:
+def model_json(summary, picks, env, resources, compiled: bool, kept: dict | None = None) -> dict:
     """The raw file of the model: ``meta`` (how, environment, the peaks and assumptions),
-    ``summary`` per (T, c), ``resources`` per design, c and kernel, ``choices``."""
+    ``summary`` per (T, c), ``resources`` per design, c and kernel, ``choices``; ``kept``: where
+    resources compiled by an earlier run came from (``--reprice``)."""
     res: dict[str, dict[str, object]] = {}
     for (design, c), kernels in resources.items():
         if design == "old" and not isinstance(OLD_MEASURED[c], dict):
@@ -215,8 +219,9 @@ def model_json(summary, picks, env, resources, compiled: bool) -> dict:
             "settings": {
                 "B": B, "H": H, "D": D, "dtype": "bfloat16", "pass": "forward + backward",
                 "peak_tflops": cost.PEAK_FLOPS / 1e12, "peak_tb_per_s": cost.PEAK_BYTES / 1e12,
-                "sms": cost.SMS, "launch_us": cost.LAUNCH_SECONDS * 1e6, "compile_T": COMPILE_T,
-                "compiled": compiled,
+                "sms": cost.SMS, "launch_us": cost.LAUNCH_SECONDS * 1e6,
+                "launch_origin": roofline_parallel.LAUNCH_ORIGIN, "compile_T": COMPILE_T,
+                "compiled": compiled, **({"resources_from": kept} if kept else {}),
                 "old_kernel_resources": "compiled at commit 5d0586d (no longer in the tree)",
             },
         },
@@ -232,15 +237,32 @@ def write(out: Path, rows, model: dict) -> tuple[Path, ...]:
     )
 
 
-def main_chunked(args, Ts, Cs, compiled: bool):
+def kept_resources(out: Path) -> tuple[dict, dict]:
+    """The compiled resources of the raw file under ``out`` as :func:`compiled_resources` gives
+    them, and where they came from (``--reprice``)."""
+    old, kept = roofline_parallel.kept_model(out, "kernel_roofline_h100_model")
     resources = {}
-    if compiled:
+    for design, per_c in old["resources"].items():
+        for c, kernels in per_c.items():
+            resources[(design, int(c))] = (
+                {n: (k["registers"], k["shared_memory"], k["spill_stores"]) for n, k in kernels.items()}
+                if isinstance(kernels, dict)
+                else {}
+            )  # fmt: skip
+    return resources, kept
+
+
+def main_chunked(args, Ts, Cs, compiled: bool):
+    resources, kept = {}, None
+    if args.reprice:
+        resources, kept = kept_resources(args.out)
+    elif compiled:
         for c in Cs:
             for design in DESIGNS:
                 resources[(design, c)] = compiled_resources(design, c)
     rows, summary = model_rows(Ts, Cs, resources)
     picks = [] if args.tiny else choices()
-    model = model_json(summary, picks, environment(), resources, compiled)
+    model = model_json(summary, picks, environment(), resources, compiled or args.reprice, kept)
     return write(args.out, rows, model)
 
 
@@ -250,12 +272,20 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", action="store_true", help="the models alone, no resources")
     p.add_argument("--tiny", action="store_true", help="T = 1k, 4k; c = 64; no compile")
     p.add_argument(
+        "--reprice", action="store_true",
+        help="price the models again, keeping the compiled resources of the raw files under "
+        "--out (no compile; after a change of the model's constants)",
+    )  # fmt: skip
+    p.add_argument(
         "--op", choices=("all", "LT_chunked", "LT_attention_parallel"), default="all",
         help="which op's files to write",
     )  # fmt: skip
     args = p.parse_args(argv)
     Ts, Cs = ((1024, 4096), (64,)) if args.tiny else (TS, CS)
-    compiled = not (args.tiny or args.no_compile)
+    if args.reprice and (args.tiny or args.no_compile):
+        p.error("--reprice keeps the compiled resources of the full tables: without --tiny or "
+                "--no-compile")  # fmt: skip
+    compiled = not (args.tiny or args.no_compile or args.reprice)
     written = []
     if args.op in ("all", "LT_chunked"):
         written += main_chunked(args, Ts, Cs, compiled)

@@ -177,7 +177,28 @@ MODELLED_DEVICE = (
 )
 
 
-def parallel_json(summary, picks, env, resources, compiled: bool) -> dict:
+# Where both models' launch overhead comes from (linear_gpt2/platform/cards.py).
+LAUNCH_ORIGIN = (
+    "the H100's launch overhead, fitted by the step-time model to step times measured on an H100 "
+    "(train_step_h100_model.json)"
+)
+
+
+def kept_model(out: Path, stem: str) -> tuple[dict, dict]:
+    """The raw file ``stem``.json under ``out`` whose compiled resources ``--reprice`` keeps, and
+    where they came from (the file and the commit that compiled them)."""
+    path = out / f"{stem}.json"
+    if not path.exists():
+        raise SystemExit(f"error: --reprice needs {path} (run without --reprice to compile it)")
+    old = json.loads(path.read_text())
+    if not old["meta"]["settings"].get("compiled", True):
+        raise SystemExit(f"error: {path} holds no compiled resources; run without --reprice")
+    prev = old["meta"]["settings"].get("resources_from")
+    commit = prev["commit"] if prev else old["meta"]["environment"]["git_commit"]
+    return old, {"file": path.name, "commit": commit}
+
+
+def parallel_json(summary, picks, env, resources, compiled: bool, kept: dict | None = None) -> dict:
     return {
         "meta": {
             "how": "modelled",
@@ -189,12 +210,13 @@ def parallel_json(summary, picks, env, resources, compiled: bool) -> dict:
                 "B": B, "H": H, "Ds": list(PAR_DS), "c": PAR_C, "dtype": "bfloat16",
                 "pass": "forward + backward", "peak_tflops": pcost.PEAK_FLOPS / 1e12,
                 "peak_tb_per_s": pcost.PEAK_BYTES / 1e12, "sms": pcost.SMS,
-                "launch_us": pcost.LAUNCH_SECONDS * 1e6,
+                "launch_us": pcost.LAUNCH_SECONDS * 1e6, "launch_origin": LAUNCH_ORIGIN,
                 "l2_tb_per_s": pcost.L2_BYTES / 1e12,
                 "l2_assumption": f"assumed, not measured: {pcost.L2_BYTES_PER_CLOCK} bytes per "
                 f"clock (NVIDIA's A100 L2 read bandwidth; none published for the H100) at "
                 f"{pcost.CLOCK_HZ / 1e9:.2f} GHz",
                 "compile_T": PAR_COMPILE_T, "compiled": compiled,
+                **({"resources_from": kept} if kept else {}),
             },
         },
         "summary": summary,
@@ -227,7 +249,11 @@ def write_parallel(out: Path, rows, model: dict) -> tuple[Path, ...]:
 
 def main_parallel(args, Ts, compiled: bool):
     resources: dict = {}
-    if compiled:
+    kept = None
+    if getattr(args, "reprice", False):
+        old, kept = kept_model(args.out, "kernel_roofline_parallel_h100_model")
+        resources = old["resources"]
+    elif compiled:
         for D in PAR_DS:
             for forget in (False, True):
                 for design, kernels in parallel_resources(D, forget).items():
@@ -236,5 +262,7 @@ def main_parallel(args, Ts, compiled: bool):
     Ds = (64,) if args.tiny else PAR_DS
     rows, summary = parallel_rows(Ts, Ds)
     picks = [] if args.tiny else parallel_choices()
-    model = parallel_json(summary, picks, environment(), resources, compiled)
+    model = parallel_json(
+        summary, picks, environment(), resources, compiled or kept is not None, kept
+    )
     return write_parallel(args.out, rows, model)

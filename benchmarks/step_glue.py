@@ -10,11 +10,12 @@ milliseconds are the MODEL's, not a measurement.
 
     python benchmarks/step_glue.py --label before --code DIR   # compile with another tree's code
     python benchmarks/step_glue.py --label after               # compile with this tree
-    python benchmarks/step_glue.py --label unrolled            # and with scan_layers: false
-    python benchmarks/step_glue.py --label switches            # and residual_dtype: bfloat16 too
-    python benchmarks/step_glue.py --label phi_grad            # unrolled, phi' in the LT kernels
-    python benchmarks/step_glue.py --label fused_1k            # unrolled, LT's single pass at 1k
     python benchmarks/step_glue.py --no-compile                # price the cache, write json + md
+    python benchmarks/step_glue.py --help                      # every label: options, points
+
+The labels, their model options and their points are the study's
+(``studies/train_step/step_glue.py``: ``OVERRIDES``, ``LABEL_POINTS``): a label added there is
+one here.
 
 ``--code DIR`` compiles in a subprocess that imports ``linear_gpt2`` from DIR (e.g. ``git
 archive <commit> | tar -x -C DIR``): the "before" program is main's own. The programs' costs are
@@ -90,27 +91,44 @@ def compile_point(point, label: str, code: Path | None, log=print) -> dict:
     return {"spec": spec, "rows": rows, **detail, **meta}
 
 
+def label_help(step_glue) -> str:
+    """``--label``'s help: each of the study's labels with its model options and points."""
+    every = len(step_glue.POINTS)
+
+    def one(label: str) -> str:
+        opts = step_glue.OVERRIDES[label]
+        what = ", ".join(f"{k}={v}" for k, v in opts.items()) or "no options (a tree of --code)"
+        n = len(step_glue.LABEL_POINTS.get(label, ())) or every
+        return f"{label}: {what}; {n} of the {every} points"
+
+    return "compile this label's points (--only narrows them):\n" + "\n".join(
+        f"  {one(label)}" for label in step_glue.OVERRIDES
+    )
+
+
 def main(argv=None) -> int:
+    # The compile worker first: it runs with another tree's linear_gpt2 and studies on its path
+    # (--code), so nothing of this tree's study is imported before it.
+    worker = argparse.ArgumentParser(add_help=False)
+    worker.add_argument("--worker")
+    worker.add_argument("--out", type=Path, default=RESULTS)
+    known, _ = worker.parse_known_args(argv)
+    if known.worker:
+        _worker(json.loads(known.worker), known.out)
+        return 0
+    sys.path.insert(0, str(REPO))
+    from linear_gpt2.platform.provenance import environment
+    from studies.train_step import step_glue
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--label", choices=("before", "after", "unrolled", "switches", "fused_head",
-                                        "phi_grad", "fused_1k"),
-                    help="compile this label's points (unrolled, switches, phi_grad, fused_1k: "
-                    "step_glue.LABEL_POINTS; fused_head: after with model.loss_kernel=pallas_fused, "
-                    "give --only)")  # fmt: skip
+    ap.add_argument("--label", choices=tuple(step_glue.OVERRIDES), help=label_help(step_glue))
     ap.add_argument("--code", type=Path, help="the tree whose linear_gpt2 compiles (default: this)")
     ap.add_argument("--commit", help="the commit --code was exported from (recorded)")
     ap.add_argument("--only", nargs="*", help="point keys to compile (default: all)")
     ap.add_argument("--restart", action="store_true", help="recompile the label's points")
     ap.add_argument("--no-compile", action="store_true", help="price the cache only")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.worker:
-        _worker(json.loads(args.worker), args.out)
-        return 0
-    sys.path.insert(0, str(REPO))
-    from linear_gpt2.platform.provenance import environment
-    from studies.train_step import step_glue
 
     path = args.out / COSTS
     costs = json.loads(path.read_text()) if path.exists() else {"meta": {}, "points": {}}

@@ -12,15 +12,7 @@ from __future__ import annotations
 import jax
 
 from linear_gpt2.model.config import ModelConfig
-
-# Dense bf16 peak FLOP/s per device (datasheet, no sparsity).
-PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 125e12,
-}
+from linear_gpt2.platform import cards
 
 
 def attention_forward_flops_per_token(cfg: ModelConfig, context: int) -> float:
@@ -35,10 +27,8 @@ def flops_per_token(cfg: ModelConfig, n_params: int, context: int) -> float:
 
 
 def device_peak_flops(device: jax.Device | None = None) -> float | None:
-    """Peak bf16 FLOP/s of ``device`` (default: the first), or None when unknown (e.g. CPU)."""
+    """Dense bf16 peak FLOP/s of ``device`` (default: the first), from its card's facts
+    (:mod:`linear_gpt2.platform.cards`), or None when unknown (e.g. CPU)."""
     device = device or jax.devices()[0]
-    kind = getattr(device, "device_kind", "")
-    for name, peak in PEAK_FLOPS.items():
-        if name in kind:
-            return peak
-    return None
+    card = cards.of_device_kind(getattr(device, "device_kind", ""))
+    return card.peak_bf16_flops if card else None

@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from linear_gpt2.kernels.lt_chunked.cost import PEAK_BYTES, PEAK_FLOPS
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.platform.cards import H100
 from linear_gpt2.platform.memory import GiB, MemoryReport
 
 LOSS_CHUNK = 4096
@@ -82,9 +82,9 @@ RECOMPUTED_SHARE = 0.5
 # Rates the modelled time prices at (ASSUMED, for ranking the candidates of one step against
 # each other; the fractions are of the order the compiled-program step model fits,
 # benchmarks/results/train_step_h100_model.md).
-MATMUL_FLOPS_PER_S = 0.7 * PEAK_FLOPS
-HBM_BYTES_PER_S = 0.8 * PEAK_BYTES
-HOST_BYTES_PER_S = 50e9  # PCIe 5 x16 to pinned host memory, each way
+MATMUL_FLOPS_PER_S = 0.7 * H100.peak_bf16_flops
+HBM_BYTES_PER_S = 0.8 * H100.hbm_bytes_per_s
+HOST_BYTES_PER_S = H100.host_bytes_per_s  # to pinned host memory, each way
 LINK_BYTES_PER_S = 450e9  # NVLink 4, per GPU and direction, within a host
 NETWORK_BYTES_PER_S = 50e9  # one 400 Gb/s NIC per GPU, between hosts
 

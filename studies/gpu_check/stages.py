@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from linear_gpt2.platform.cards import H100
 from studies.gpu_check import learning, testfiles
 from studies.gpu_check.known import Known
 from studies.gpu_check.plan import CHECKS, LEARNING, Cost, Plan, Stage, Unit
@@ -56,7 +57,6 @@ PROFILE_WARMUP, PROFILE_STEPS = 2, 3
 # rematerialised step; the plain steps at 64k agreed to 0.28% and are not measured again.
 MEMORY_POINTS = ("LT_chunked:124M:262144:dots:4096:64", "LT_chunked:124M:1048576:offload:4096:64")
 MEMORY_REPEATS = 3
-PEAK_BF16 = 989e12  # the H100 SXM's dense bf16 rate (NVIDIA's data sheet)
 # The step units run under the store's loader (compiled.py): python -m this, then the script.
 WITH_STORE = ("-m", "studies.gpu_check.compiled")
 # The glue kernels (issue 37, kernels/choice.py): whether auto may take them on a GPU is decided
@@ -263,7 +263,7 @@ def _kernel_flops(B: int, H: int, D: int, T: int, softmax: bool, c: int = 64) ->
 
 def _kernel_units(known: Known, shape, Ts, forget, tier: int, tag: str) -> list[Unit]:
     B, H, D = shape
-    rate = A("kernel_rate", "").each_s * PEAK_BF16
+    rate = A("kernel_rate", "").each_s * H100.peak_bf16_flops
     calls = KERNEL_WARMUP + KERNEL_REPEATS
     args = ["--B", B, "--H", H, "--D", D, "--Ts", *Ts, "--forget", *forget,
             "--warmup", KERNEL_WARMUP, "--repeats", KERNEL_REPEATS]  # fmt: skip

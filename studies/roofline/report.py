@@ -22,6 +22,12 @@ def _dash(x: Any, thousands: bool = False) -> str:
     return "-" if x is None else f"{x:,}" if thousands else str(x)
 
 
+def _kept(s: dict[str, Any]) -> str:
+    """Where a repriced model's compiled resources came from (``roofline.py --reprice``)."""
+    kept = s.get("resources_from")
+    return f", compiled at commit {short(kept['commit'])}" if kept else ""
+
+
 def _what(prov: dict[str, Any]) -> str:
     return "A model, not a measurement" if prov["how"] == "modelled" else how(prov)
 
@@ -43,10 +49,10 @@ def page(model: Raw, kernels: Raw) -> str:
         f"the roofline at {s['peak_tflops']:g} TFLOP/s (dense bf16) and {s['peak_tb_per_s']:.2f} "
         f"TB/s, divided by the share of the {s['sms']} SMs the launch can occupy; a sequential "
         "pass pays its steps in sequence (they are one program's work). 'with launches' adds "
-        f"{s['launch_us']:g} us per launch (assumed). "
+        f"{s['launch_us']:g} us per launch ({s.get('launch_origin', 'assumed')}). "
         + (
             f"Registers, shared memory and spills are compile measurements (deviceless, "
-            f"T={s['compile_T']}); the old kernel's {s['old_kernel_resources']}."
+            f"T={s['compile_T']}{_kept(s)}); the old kernel's {s['old_kernel_resources']}."
             if compiled
             else "Registers and shared memory were not compiled in this run."
         ),
@@ -232,10 +238,11 @@ def parallel_page(model: Raw, kernels: Raw) -> str:
         f"{s['sms']}th of the peaks, the L2 at {s['l2_tb_per_s']:.1f} TB/s "
         f"({s['l2_assumption']}). 'plain' leaves the L2 term out (unbounded L2, the LT_chunked "
         "page's model). Totals add "
-        f"{s['launch_us']:g} us per launch (assumed), XLA's passes around the kernels included. "
+        f"{s['launch_us']:g} us per launch ({s.get('launch_origin', 'assumed')}), XLA's passes "
+        "around the kernels included. "
         + (
             "Registers, shared memory, spills and programs are compile measurements "
-            f"(deviceless, T={s['compile_T']:,})."
+            f"(deviceless, T={s['compile_T']:,}{_kept(s)})."
             if compiled
             else "Registers and shared memory were not compiled in this run."
         ),

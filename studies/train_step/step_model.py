@@ -3,7 +3,7 @@
 Not a measurement. The step compiled for the H100 on the CPU machine (``step_costs``) is a list
 of launches, each with its op class (:data:`hlo_costs.KINDS`), FLOPs, HBM bytes and how many
 times the step runs it. Each launch is priced by a roofline at an achieved fraction of the H100's
-peaks (:data:`linear_gpt2.kernels.lt_chunked.cost.PEAK_FLOPS`, ``PEAK_BYTES``), plus a fixed
+peaks (:data:`linear_gpt2.platform.cards.H100`: dense bf16 FLOP/s, HBM bytes/s), plus a fixed
 overhead per launch, and the launches are summed (one stream: XLA runs a step's kernels in
 sequence):
 
@@ -17,7 +17,10 @@ sequence):
   ``B / (e_red W)``;
 - ``host`` (offload to pinned host memory and back): ``B / HOST_BYTES_PER_S``, assumed, not
   fitted (no point of the fit offloads);
-- every launch: ``launch_us``.
+- every launch: ``launch_us``. Its fit is the H100's launch overhead the library prices with
+  (``linear_gpt2.platform.cards.H100.launch_seconds``, rounded; ``tests/test_cards.py`` fails
+  when the fit in ``benchmarks/results/train_step_h100_model.json`` moves away from it), and
+  the fit starts from it.
 
 The six fitted numbers (:data:`FITTED`) are fitted to the measured step times by least squares
 on the logarithm of the ratio (:func:`fit`); everything else is read from the compiled program or
@@ -33,10 +36,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from linear_gpt2.kernels.lt_chunked import cost as lt_cost
+from linear_gpt2.platform.cards import H100
 
-PEAK_FLOPS = lt_cost.PEAK_FLOPS  # dense bf16, FLOP/s
-PEAK_BYTES = lt_cost.PEAK_BYTES  # HBM3, bytes/s
-HOST_BYTES_PER_S = 50e9  # PCIe 5 x16 to pinned host memory, each way (assumed)
+PEAK_FLOPS = H100.peak_bf16_flops
+PEAK_BYTES = H100.hbm_bytes_per_s
+HOST_BYTES_PER_S = H100.host_bytes_per_s  # assumed (cards.py)
 FITTED = ("matmul", "fmha", "kernel", "memory", "reduction", "launch_us")
 # The op classes a breakdown reports, in order ("launch" is the per-launch overhead).
 CLASSES = ("matmul", "fmha", "kernel", "elementwise", "reduction", "host", "launch")
@@ -45,14 +49,15 @@ _MEMORY_KINDS = {"memory", "copy", "other"}
 
 @dataclasses.dataclass(frozen=True)
 class Params:
-    """Achieved fractions of the H100's peaks per op class, and the overhead per launch."""
+    """Achieved fractions of the H100's peaks per op class, and the overhead per launch (the
+    defaults: the fit's starting point)."""
 
     matmul: float = 0.6
     fmha: float = 0.4  # cuDNN's flash attention
     kernel: float = 0.5  # the Pallas kernels
     memory: float = 0.8
     reduction: float = 0.5
-    launch_us: float = 3.0
+    launch_us: float = H100.launch_seconds * 1e6
     host_bytes_per_s: float = HOST_BYTES_PER_S
 
     def vector(self) -> list[float]:

@@ -15,7 +15,8 @@ and :func:`tiled_kernels` give
 - ``programs`` and ``steps`` (the loop steps of the longest program).
 
 The bound of a launch (:attr:`Launch.seconds`) is the largest of: its FLOPs at the peak
-(989 TFLOP/s dense bf16), its compulsory bytes at 3.35 TB/s, and the makespan of its programs
+(dense bf16, :data:`linear_gpt2.platform.cards.H100`), its compulsory bytes at the HBM
+bandwidth, and the makespan of its programs
 on the 132 SMs: programs start in launch order (the grid's first axis fastest), each on the SM
 that frees first, and a program of n steps takes n times the longer of its step's FLOPs at a
 132th of the peak and its step's L2 bytes at a 132th of ``L2_BYTES``. The makespan is what
@@ -24,10 +25,10 @@ shortest first) and too few of them. ``seconds_plain`` is the same bound with th
 out (L2 bandwidth unbounded): the ``lt_chunked`` model's assumption, shown beside it.
 
 ``L2_BYTES`` is an ASSUMPTION, not a measurement of this card: 5,120 bytes per clock (the L2 read
-bandwidth NVIDIA gives for the A100; none is published for the H100) at the 1.83 GHz that the
-989 TFLOP/s peak implies, 9.4 TB/s. A higher figure favours the old kernel (its loop steps load
-twice the bytes per FLOP); ``benchmarks/roofline.py`` reports, per length, the L2 bandwidth
-above which the old kernel's bound would be the lower one.
+bandwidth NVIDIA gives for the A100; none is published for the H100) at the clock the dense
+bf16 peak implies (``CLOCK_HZ``: 1.83 GHz, 9.4 TB/s). A higher figure favours the old kernel
+(its loop steps load twice the bytes per FLOP); ``benchmarks/roofline.py`` reports, per length,
+the L2 bandwidth above which the old kernel's bound would be the lower one.
 
 :func:`choose` is what ``kernel=pallas`` decides with (as ``lt_chunked.cost.choose``): the
 design and tiling with the lowest modelled forward + backward time, launches included.
@@ -42,11 +43,15 @@ import math
 from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, TILED
 from linear_gpt2.kernels.lt_attention_parallel import plan as plan_lib
 from linear_gpt2.kernels.lt_chunked import plan as chunked_plan
-from linear_gpt2.kernels.lt_chunked.cost import F32_BYTES, LAUNCH_SECONDS, PEAK_BYTES, PEAK_FLOPS
+from linear_gpt2.kernels.lt_chunked.cost import F32_BYTES
+from linear_gpt2.platform.cards import H100
 
-SMS = chunked_plan.SMS
+PEAK_FLOPS = H100.peak_bf16_flops
+PEAK_BYTES = H100.hbm_bytes_per_s
+SMS = H100.sms
+LAUNCH_SECONDS = H100.launch_seconds
 L2_BYTES_PER_CLOCK = 5120  # assumed (module docstring)
-CLOCK_HZ = 1.83e9  # the clock of the 989 TFLOP/s peak: 132 SMs x 4096 dense bf16 FLOP / clock
+CLOCK_HZ = PEAK_FLOPS / (SMS * 4096)  # the clock the peak implies: 4096 dense bf16 FLOP/SM/clock
 L2_BYTES = L2_BYTES_PER_CLOCK * CLOCK_HZ
 
 

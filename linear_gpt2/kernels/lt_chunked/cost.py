@@ -12,12 +12,13 @@ pass) at a shape, :func:`kernels_of` gives
   walks in sequence.
 
 Its lower-bound time (:attr:`KernelCost.seconds`) is ``waves x max(flops, bytes / intensity
-ridge)`` of one program at 1/132 of the H100's peaks (989 TFLOP/s dense bf16, 3.35 TB/s): a
-launch of 12 programs can use at most 12 of the 132 SMs, so its bound is 11x the whole-GPU one;
-a sequential pass pays for its steps in sequence because they are one program's work.
-:func:`design_seconds` adds ``LAUNCH_SECONDS`` per kernel launched (an assumption, not a
-measurement: launch plus ramp-up of a dependent kernel), which is what makes the single pass win
-at short sequences with enough (batch x heads) programs.
+ridge)`` of one program at 1/132 of the H100's peaks (dense bf16 FLOP/s and HBM bytes/s, from
+:data:`linear_gpt2.platform.cards.H100`): a launch of 12 programs can use at most 12 of the 132
+SMs, so its bound is 11x the whole-GPU one; a sequential pass pays for its steps in sequence
+because they are one program's work. :func:`design_seconds` adds ``LAUNCH_SECONDS`` per kernel
+launched (the card's launch overhead: launch plus ramp-up of a dependent kernel, fitted by the
+step-time model to step times measured on an H100; ``platform/cards.py`` says where), which is
+what makes the single pass win at short sequences with enough (batch x heads) programs.
 
 Registers and shared memory are compile measurements, not modelled: ``benchmarks/roofline.py``
 joins them in. Until a GPU measures the kernels, :func:`choose` is what ``kernel=pallas``
@@ -31,11 +32,12 @@ import math
 
 from linear_gpt2.kernels.lt_chunked import CHUNK, FUSED
 from linear_gpt2.kernels.lt_chunked import plan as plan_lib
+from linear_gpt2.platform.cards import H100
 
-PEAK_FLOPS = 989e12  # H100 SXM dense bf16 tensor-core FLOP/s
-PEAK_BYTES = 3.35e12  # H100 SXM HBM3 bytes/s
-SMS = plan_lib.SMS
-LAUNCH_SECONDS = 3e-6  # per kernel launch (assumed)
+PEAK_FLOPS = H100.peak_bf16_flops
+PEAK_BYTES = H100.hbm_bytes_per_s
+SMS = H100.sms
+LAUNCH_SECONDS = H100.launch_seconds
 F32_BYTES = 4
 
 

@@ -22,10 +22,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from linear_gpt2.platform.cards import H100
+
 # Rows of a score tile at most: [64, 64] float32 scores (``tile``).
 MAX_TILE = 64
 # The H100's SMs: the launch size a pass needs to occupy the whole GPU.
-SMS = 132
+SMS = H100.sms
 
 
 @dataclasses.dataclass(frozen=True)
