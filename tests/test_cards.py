@@ -3,6 +3,7 @@ from (the compile target, the step model's fit, the raw files priced with them).
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import types
@@ -88,3 +89,18 @@ def test_no_card_fact_is_typed_twice():
         if literal.search(line)
     ]
     assert not found, f"card facts typed outside linear_gpt2/platform/cards.py: {found}"
+
+
+def test_no_sm_count_is_typed_in_code():
+    """The SM count is a number in code (not prose) in cards.py only: grids sized for the card
+    read ``H100.sms``."""
+    cards = ROOT / "linear_gpt2" / "platform" / "cards.py"
+    found = [
+        f"{p.relative_to(ROOT)}:{node.lineno}"
+        for d in ("linear_gpt2", "studies", "benchmarks", "scripts")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        if p != cards
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value == H100.sms
+    ]
+    assert not found, f"the SM count typed outside linear_gpt2/platform/cards.py: {found}"

@@ -20,12 +20,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
+from linear_gpt2.platform.cards import H100
 
 F32 = jnp.float32
 TILE_ELEMS = 4096
 WARPS = 4
 MAX_COLUMNS = 1024
-MAX_ROW_PROGRAMS = 2 * 132
+MAX_ROW_PROGRAMS = 2 * H100.sms
 
 
 def plan(N: int, C: int) -> tuple[int, int, int, int]:

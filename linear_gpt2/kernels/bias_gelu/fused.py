@@ -27,12 +27,13 @@ from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
 from linear_gpt2.kernels.bias_gelu.naive import INV_SQRT_2PI, SQRT_HALF
+from linear_gpt2.platform.cards import H100
 
 F32 = jnp.float32
 TILE_FLOATS = 4096
 WARPS = 8
 MAX_COLUMNS = 1024
-MAX_ROW_PROGRAMS = 2 * 132
+MAX_ROW_PROGRAMS = 2 * H100.sms
 
 _ERFCC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
           1.48851587, -0.82215223, 0.17087277)  # fmt: skip

@@ -43,6 +43,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
 from linear_gpt2.kernels.head_loss.naive import IGNORE_INDEX
+from linear_gpt2.platform.cards import H100
 
 F32 = jnp.float32
 NEG = -1e30  # masked logits: exp(NEG - m) == 0, and no inf - inf
@@ -50,7 +51,7 @@ NEG = -1e30  # masked logits: exp(NEG - m) == 0, and no inf - inf
 BT, BV, BK = 128, 128, 64
 GROUP = 16
 # The forward splits the vocabulary over programs below this many (two per H100 SM).
-MIN_PROGRAMS = 2 * 132
+MIN_PROGRAMS = 2 * H100.sms
 WARPS = 8
 STAGES = 3
 

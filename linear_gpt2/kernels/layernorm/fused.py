@@ -26,13 +26,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
+from linear_gpt2.platform.cards import H100
 
 F32 = jnp.float32
 # Floats of one [bt, Cp] tile: 32 per thread at 8 warps, a few such tiles live at once.
 TILE_FLOATS = 4096
 WARPS = 8
 # Programs of the backward (each accumulates its rows' scale and bias gradients): a few per SM.
-MAX_BWD_PROGRAMS = 4 * 132
+MAX_BWD_PROGRAMS = 4 * H100.sms
 
 
 def plan(N: int, C: int) -> tuple[int, int]:
