@@ -70,17 +70,29 @@ def _env(devices: int, **extra: str) -> dict[str, str]:
 
 
 def run_worker(setup, name: str, devices: int, overrides=()) -> tuple[dict, dict]:
+    return run_workers(setup, devices, {name: overrides})[name]
+
+
+def run_workers(setup, devices: int, runs: dict) -> dict[str, tuple[dict, dict]]:
+    """Each run (name -> overrides) trained in turn by one worker process on ``devices`` CPU
+    devices: one JAX start-up for them all."""
     root, config, base = setup
-    out = str(root / name)
-    args = [*base, f"log.run_dir={root}/{name}", *overrides]
+    argv = []
+    for name, overrides in runs.items():
+        argv += ["--then"] * bool(argv)
+        argv += [str(root / name), *base, f"log.run_dir={root}/{name}", *overrides]
+    argv.insert(1, str(config))
     subprocess.run(
-        [sys.executable, str(WORKER), out, str(config), *args],
+        [sys.executable, str(WORKER), *argv],
         env=_env(devices),
         check=True,
         timeout=600,
         capture_output=True,
     )
-    return json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz"))
+    return {
+        name: (json.loads((root / f"{name}.json").read_text()), dict(np.load(root / f"{name}.npz")))
+        for name in runs
+    }
 
 
 def assert_same_run(a, b, loss_tol=1e-5, param_tol=1e-4):
@@ -99,11 +111,12 @@ def assert_same_run(a, b, loss_tol=1e-5, param_tol=1e-4):
 @SLOW
 def test_eight_devices_match_one(setup):
     one = run_worker(setup, "dev1", 1)
-    eight = run_worker(setup, "dev8", 8)
-    assert one[0]["devices"] == 1 and eight[0]["devices"] == 8
+    # Both 8-device runs in one worker process (one start-up of JAX on 8 devices).
+    runs = run_workers(setup, 8, {"dev8": [], "dev8_fsdp": ["train.fsdp=true"]})
+    eight, fsdp = runs["dev8"], runs["dev8_fsdp"]
+    assert one[0]["devices"] == 1 and eight[0]["devices"] == fsdp[0]["devices"] == 8
     assert_same_run(one, eight)
     # FSDP shards parameters and optimizer state; the numbers must not change.
-    fsdp = run_worker(setup, "dev8_fsdp", 8, ["train.fsdp=true"])
     assert_same_run(one, fsdp)
 
 
