@@ -10,9 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import filelock
 import pytest
 
 from linear_gpt2.platform.errors import DataError, RunError
@@ -280,3 +282,22 @@ def test_a_two_process_job_takes_one_lock_and_refuses_together(tmp_path):
     assert f"pid {os.getpid()}" in _error_line(errs[0])
     assert "process 0 could not lock" in _error_line(errs[1])
     assert not run_dir.exists()  # nothing written: the holder's lock was all there was
+
+
+def test_a_refused_trainer_waits_for_the_holders_name(tmp_path):
+    """The holder writes its record just after it takes the lock: a trainer refused in between
+    still names it (not "a process that has not written its name yet")."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lock_file = run_dir / run_lock.LOCK_FILE
+    holder = filelock.UnixFileLock(lock_file, timeout=0)
+    holder.acquire()
+    try:
+        record = json.dumps({"pid": 4242, "host": "elsewhere"})
+        late = threading.Timer(0.3, lambda: lock_file.write_text(record))
+        late.start()
+        with pytest.raises(run_lock.RunDirectoryLockedError, match="pid 4242 on host elsewhere"):
+            run_lock.RunLock(run_dir).acquire()
+        late.join()
+    finally:
+        holder.release()

@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,7 @@ class RunLock:
             self._remove_created_dirs()
             raise RunDirectoryLockedError(
                 f"log.run_dir {self.run_dir} is in use by another trainer: "
-                f"{describe_holder(read_holder(self.run_dir))}; wait for it to end (or stop it), "
+                f"{describe_holder(_await_holder(self.run_dir))}; wait for it to end (or stop it), "
                 "or start this run in another directory (log.name=... or log.run_dir=...)"
             ) from None
         except OSError as e:
@@ -180,6 +181,15 @@ class RunLock:
             "log.run_dir (or log.name, for runs/<name>) to a directory you can write, or fix "
             "its permissions"
         )
+
+
+def _await_holder(run_dir: Path, seconds: float = 2.0) -> dict[str, Any] | None:
+    """The holder's record, waiting up to ``seconds`` for it: the holder takes the lock and then
+    writes its record, so a trainer refused in between would otherwise name nobody."""
+    deadline = time.monotonic() + seconds
+    while (record := read_holder(run_dir)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return record
 
 
 def _write_holder(fd: int) -> None:
