@@ -100,21 +100,44 @@ def grad_kernels(
     return (("dq", "dk", "dv"),) if D <= 64 else (("dq",), ("dk", "dv"))
 
 
+# The smallest row tile :func:`blocks` halves ``tile`` to, and the modelled gain it must buy:
+# a smaller tile's dots use the tensor cores less well than the cost model, which prices every
+# Pallas FLOP alike, can see, so it is taken only where the grid's wave fill buys clearly more.
+MIN_SPLIT_TILE = 32
+SPLIT_GAIN = 0.05
+
+
 def blocks(
     B: int, T: int, H: int, D: int, c: int, *, segments_override: int | None = None,
     forget: bool = False,
 ):  # fmt: skip
     """The launch shape of the chunk-parallel kernels for ``[B, T, H, D]`` inputs (T a multiple
-    of c, D a power of two), with forgetting (resets / decay gates) or not."""
+    of c, D a power of two), with forgetting (resets / decay gates) or not.
+
+    The row tile is ``tile(c, D)``, or half of it (not under :data:`MIN_SPLIT_TILE`) where the
+    cost model (``cost.chunk_kernels``, forward + backward) prices the kernels at least
+    :data:`SPLIT_GAIN` faster with it: the output and gradient kernels launch T / bt x B H x
+    D / bv programs, and at few waves (1k tokens, 20 or 25 heads) twice as many fill the last
+    wave of the 132 SMs better (docs/design.md, "`LT_chunked` against `flash` at 1k")."""
     bv = value_block(D)
     N = T // c
     G = segments(B, H, N, D // bv) if segments_override is None else segments_override
     if N % G:
         raise ValueError(f"segments={G} does not divide the {N} chunks")
-    return Blocks(
+    out = Blocks(
         c=c, bt=tile(c, D), bv=bv, bd=bv, segments=G,
         grad_kernels=grad_kernels(D, forget=forget),
     )  # fmt: skip
+    if out.bt // 2 < MIN_SPLIT_TILE:
+        return out
+    # The cost model prices a Blocks: imported here, not at module level (it imports this one).
+    from linear_gpt2.kernels.lt_chunked import cost
+
+    split = dataclasses.replace(out, bt=out.bt // 2)
+    seconds = [
+        cost.design_seconds(cost.chunk_kernels(B, T, H, D, 2, b, True)) for b in (out, split)
+    ]
+    return split if seconds[1] < (1 - SPLIT_GAIN) * seconds[0] else out
 
 
 def fused_blocks(B: int, T: int, H: int, D: int, c: int) -> Blocks:
