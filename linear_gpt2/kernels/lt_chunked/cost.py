@@ -86,6 +86,7 @@ class _Shape:
         self.N, self.P, self.NT = T // blocks.c, blocks.c // blocks.bt, T // blocks.bt
         self.G = blocks.segments
         self.NV, self.ND = D // blocks.bv, D // blocks.bd
+        self.NS = D // blocks.state_block  # the state passes' value blocks
         self.seq = self.BH * T * D * s  # one [B, T, H, D] array
         self.rows = self.BH * T * F32_BYTES  # one [B, H, T] float32 array
         self.states = self.BH * self.N * (D * D + D) * F32_BYTES  # a state per chunk (h, z)
@@ -156,7 +157,7 @@ def chunk_kernels(
     local = 0 if own else sh.states  # the segment-local states written / read
     state_pass = sh.BH * sh.N * 2 * sh.c * D * D
     fwd_h = KernelCost(
-        "fwd_h", sh.BH * sh.NV * sh.G, sh.N // sh.G, state_pass,
+        "fwd_h", sh.BH * sh.NS * sh.G, sh.N // sh.G, state_pass,
         2 * sh.seq + local + sh.totals,
     )  # fmt: skip
     bases = [_xla("xla: segment prefix", 3 * sh.totals)] if sh.G > 1 and not own else []
@@ -176,7 +177,7 @@ def chunk_kernels(
         # bwd_dh forms the row cotangents r, delta (reads y, den; writes r, delta)
         KernelCost(
             "bwd_dh",
-            sh.BH * sh.NV * sh.G,
+            sh.BH * sh.NS * sh.G,
             sh.N // sh.G,
             state_pass,
             3 * sh.seq + 3 * sh.rows + local + sh.totals,

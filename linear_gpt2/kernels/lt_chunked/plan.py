@@ -10,7 +10,9 @@
   columns across programs);
 - ``bd``: the column block of the gradient kernels (dphi(q), dphi(k), dv computed 64 columns of
   D per program, the states' rows / columns loaded or carried accordingly);
-- ``segments``: G, the split of the sequence for the state passes (``fwd_h`` / ``bwd_dh``).
+- ``segments``: G, the split of the sequence for the state passes (``fwd_h`` / ``bwd_dh``);
+- ``bs``: the value block of the state passes alone (``state_block``; None: ``bv``), where
+  splitting their [D, D] states finer fills the GPU's waves better than the output kernel needs.
 
 Which values: see :func:`blocks` and the design notes (docs/design.md, "LT_chunked kernels"),
 where the roofline model (``cost.py``, ``benchmarks/roofline.py``) and the compiled register
@@ -37,11 +39,19 @@ class Blocks:
     segments: int
     # The backward gradient kernels, each the tuple of the gradients it computes.
     grad_kernels: tuple[tuple[str, ...], ...] = (("dq", "dk", "dv"),)
+    bs: int | None = None
+
+    @property
+    def state_block(self) -> int:
+        """The value block of the state passes' [D, D] states (``fwd_h``, ``bwd_dh``)."""
+        return self.bs or self.bv
 
     def describe(self) -> str:
         kernels = "+".join("d" + "".join(x[1] for x in k) for k in self.grad_kernels)
+        bs = f" bs={self.bs}" if self.bs and self.bs != self.bv else ""
         return (
-            f"c={self.c} bt={self.bt} bv={self.bv} bd={self.bd} G={self.segments} grads={kernels}"
+            f"c={self.c} bt={self.bt} bv={self.bv} bd={self.bd}{bs} G={self.segments} "
+            f"grads={kernels}"
         )
 
 
@@ -100,10 +110,12 @@ def grad_kernels(
     return (("dq", "dk", "dv"),) if D <= 64 else (("dq",), ("dk", "dv"))
 
 
-# The smallest row tile :func:`blocks` halves ``tile`` to, and the modelled gain it must buy:
-# a smaller tile's dots use the tensor cores less well than the cost model, which prices every
-# Pallas FLOP alike, can see, so it is taken only where the grid's wave fill buys clearly more.
+# The smallest row tile and state-pass value block :func:`blocks` splits to, and the modelled
+# gain a split must buy: smaller tiles use the tensor cores less well than the cost model, which
+# prices every Pallas FLOP alike, can see, so one is taken only where the grid's wave fill buys
+# clearly more.
 MIN_SPLIT_TILE = 32
+MIN_STATE_BLOCK = 16
 SPLIT_GAIN = 0.05
 
 
@@ -114,11 +126,14 @@ def blocks(
     """The launch shape of the chunk-parallel kernels for ``[B, T, H, D]`` inputs (T a multiple
     of c, D a power of two), with forgetting (resets / decay gates) or not.
 
-    The row tile is ``tile(c, D)``, or half of it (not under :data:`MIN_SPLIT_TILE`) where the
-    cost model (``cost.chunk_kernels``, forward + backward) prices the kernels at least
-    :data:`SPLIT_GAIN` faster with it: the output and gradient kernels launch T / bt x B H x
-    D / bv programs, and at few waves (1k tokens, 20 or 25 heads) twice as many fill the last
-    wave of the 132 SMs better (docs/design.md, "`LT_chunked` against `flash` at 1k")."""
+    Two splits are taken where the cost model (``cost.chunk_kernels``, forward + backward)
+    prices the kernels at least :data:`SPLIT_GAIN` faster with them, each against the plan
+    before it: the row tile ``tile(c, D)`` halved (not under :data:`MIN_SPLIT_TILE`), and
+    the state passes' value block ``bs`` halved (not under :data:`MIN_STATE_BLOCK`). At few
+    waves (1k tokens, 20 or 25 heads) the output and gradient kernels' T / bt x B H x D / bv
+    programs, and the state passes' G B H x D / bs, leave part of the last wave of the 132 SMs
+    idle, and twice as many fill it better (docs/design.md, "`LT_chunked` against `flash` at
+    1k")."""
     bv = value_block(D)
     N = T // c
     G = segments(B, H, N, D // bv) if segments_override is None else segments_override
@@ -128,16 +143,19 @@ def blocks(
         c=c, bt=tile(c, D), bv=bv, bd=bv, segments=G,
         grad_kernels=grad_kernels(D, forget=forget),
     )  # fmt: skip
-    if out.bt // 2 < MIN_SPLIT_TILE:
-        return out
     # The cost model prices a Blocks: imported here, not at module level (it imports this one).
     from linear_gpt2.kernels.lt_chunked import cost
 
-    split = dataclasses.replace(out, bt=out.bt // 2)
-    seconds = [
-        cost.design_seconds(cost.chunk_kernels(B, T, H, D, 2, b, True)) for b in (out, split)
-    ]
-    return split if seconds[1] < (1 - SPLIT_GAIN) * seconds[0] else out
+    def seconds(b: Blocks) -> float:
+        return cost.design_seconds(cost.chunk_kernels(B, T, H, D, 2, b, True))
+
+    for field, least in (("bt", MIN_SPLIT_TILE), ("bs", MIN_STATE_BLOCK)):
+        now = out.bt if field == "bt" else out.state_block
+        if now // 2 >= least:
+            split = dataclasses.replace(out, **{field: now // 2})
+            if seconds(split) < (1 - SPLIT_GAIN) * seconds(out):
+                out = split
+    return out
 
 
 def fused_blocks(B: int, T: int, H: int, D: int, c: int) -> Blocks:
