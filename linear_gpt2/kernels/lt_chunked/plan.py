@@ -127,9 +127,10 @@ def blocks(
     of c, D a power of two), with forgetting (resets / decay gates) or not.
 
     Two splits are taken where the cost model (``cost.chunk_kernels``, forward + backward)
-    prices the kernels at least :data:`SPLIT_GAIN` faster with them, each against the plan
+    prices the kernels they change at least :data:`SPLIT_GAIN` faster, each against the plan
     before it: the row tile ``tile(c, D)`` halved (not under :data:`MIN_SPLIT_TILE`), and
-    the state passes' value block ``bs`` halved (not under :data:`MIN_STATE_BLOCK`). At few
+    the state passes' value block ``bs`` at its fastest halving (not under
+    :data:`MIN_STATE_BLOCK`). At few
     waves (1k tokens, 20 or 25 heads) the output and gradient kernels' T / bt x B H x D / bv
     programs, and the state passes' G B H x D / bs, leave part of the last wave of the 132 SMs
     idle, and twice as many fill it better (docs/design.md, "`LT_chunked` against `flash` at
@@ -146,15 +147,26 @@ def blocks(
     # The cost model prices a Blocks: imported here, not at module level (it imports this one).
     from linear_gpt2.kernels.lt_chunked import cost
 
-    def seconds(b: Blocks) -> float:
-        return cost.design_seconds(cost.chunk_kernels(B, T, H, D, 2, b, True))
+    def faster(a: Blocks, b: Blocks) -> bool:
+        """Whether b's kernels that differ from a's are modelled SPLIT_GAIN faster."""
+        ka, kb = (cost.chunk_kernels(B, T, H, D, 2, x, True) for x in (a, b))
+        changed = [(x, y) for x, y in zip(ka, kb) if x != y]
+        before = sum(x.seconds for x, _ in changed)
+        return sum(y.seconds for _, y in changed) < (1 - SPLIT_GAIN) * before
 
-    for field, least in (("bt", MIN_SPLIT_TILE), ("bs", MIN_STATE_BLOCK)):
-        now = out.bt if field == "bt" else out.state_block
-        if now // 2 >= least:
-            split = dataclasses.replace(out, **{field: now // 2})
-            if seconds(split) < (1 - SPLIT_GAIN) * seconds(out):
-                out = split
+    if out.bt // 2 >= MIN_SPLIT_TILE:
+        split = dataclasses.replace(out, bt=out.bt // 2)
+        out = split if faster(out, split) else out
+    splits = []
+    bs = out.state_block // 2
+    while bs >= MIN_STATE_BLOCK:
+        splits.append(dataclasses.replace(out, bs=bs))
+        bs //= 2
+    if splits:  # the fastest halving of the state passes' value block, if it pays
+        best = min(
+            splits, key=lambda b: cost.design_seconds(cost.chunk_kernels(B, T, H, D, 2, b, True))
+        )
+        out = best if faster(out, best) else out
     return out
 
 
