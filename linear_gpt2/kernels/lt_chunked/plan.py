@@ -110,64 +110,22 @@ def grad_kernels(
     return (("dq", "dk", "dv"),) if D <= 64 else (("dq",), ("dk", "dv"))
 
 
-# The smallest row tile and state-pass value block :func:`blocks` splits to, and the modelled
-# gain a split must buy: smaller tiles use the tensor cores less well than the cost model, which
-# prices every Pallas FLOP alike, can see, so one is taken only where the grid's wave fill buys
-# clearly more.
-MIN_SPLIT_TILE = 32
-MIN_STATE_BLOCK = 16
-SPLIT_GAIN = 0.05
-
-
 def blocks(
     B: int, T: int, H: int, D: int, c: int, *, segments_override: int | None = None,
     forget: bool = False,
 ):  # fmt: skip
     """The launch shape of the chunk-parallel kernels for ``[B, T, H, D]`` inputs (T a multiple
-    of c, D a power of two), with forgetting (resets / decay gates) or not.
-
-    Two splits are taken where the cost model (``cost.chunk_kernels``, forward + backward)
-    prices the kernels they change at least :data:`SPLIT_GAIN` faster, each against the plan
-    before it: the row tile ``tile(c, D)`` halved (not under :data:`MIN_SPLIT_TILE`), and
-    the state passes' value block ``bs`` at its fastest halving (not under
-    :data:`MIN_STATE_BLOCK`). At few
-    waves (1k tokens, 20 or 25 heads) the output and gradient kernels' T / bt x B H x D / bv
-    programs, and the state passes' G B H x D / bs, leave part of the last wave of the 132 SMs
-    idle, and twice as many fill it better (docs/design.md, "`LT_chunked` against `flash` at
-    1k")."""
+    of c, D a power of two), with forgetting (resets / decay gates) or not, before the
+    wave-filling splits (``cost.plan_blocks``, what the kernels run)."""
     bv = value_block(D)
     N = T // c
     G = segments(B, H, N, D // bv) if segments_override is None else segments_override
     if N % G:
         raise ValueError(f"segments={G} does not divide the {N} chunks")
-    out = Blocks(
+    return Blocks(
         c=c, bt=tile(c, D), bv=bv, bd=bv, segments=G,
         grad_kernels=grad_kernels(D, forget=forget),
     )  # fmt: skip
-    # The cost model prices a Blocks: imported here, not at module level (it imports this one).
-    from linear_gpt2.kernels.lt_chunked import cost
-
-    def faster(a: Blocks, b: Blocks) -> bool:
-        """Whether b's kernels that differ from a's are modelled SPLIT_GAIN faster."""
-        ka, kb = (cost.chunk_kernels(B, T, H, D, 2, x, True) for x in (a, b))
-        changed = [(x, y) for x, y in zip(ka, kb) if x != y]
-        before = sum(x.seconds for x, _ in changed)
-        return sum(y.seconds for _, y in changed) < (1 - SPLIT_GAIN) * before
-
-    if out.bt // 2 >= MIN_SPLIT_TILE:
-        split = dataclasses.replace(out, bt=out.bt // 2)
-        out = split if faster(out, split) else out
-    splits = []
-    bs = out.state_block // 2
-    while bs >= MIN_STATE_BLOCK:
-        splits.append(dataclasses.replace(out, bs=bs))
-        bs //= 2
-    if splits:  # the fastest halving of the state passes' value block, if it pays
-        best = min(
-            splits, key=lambda b: cost.design_seconds(cost.chunk_kernels(B, T, H, D, 2, b, True))
-        )
-        out = best if faster(out, best) else out
-    return out
 
 
 def fused_blocks(B: int, T: int, H: int, D: int, c: int) -> Blocks:
