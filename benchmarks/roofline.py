@@ -80,7 +80,7 @@ def kernels_of(design: str, T: int, c: int) -> list[cost.KernelCost]:
     if design == "old":
         return cost.old_fused_kernels(B, T, H, D, S, c, True)
     if design == "chunk":
-        return cost.chunk_kernels(B, T, H, D, S, plan.blocks(B, T, H, D, c), True)
+        return cost.chunk_kernels(B, T, H, D, S, cost.plan_blocks(B, T, H, D, c), True)
     return cost.fused_kernels(B, T, H, D, S, plan.fused_blocks(B, T, H, D, c), True)
 
 
@@ -151,7 +151,7 @@ def _sum(ks, names=None) -> float:
 def choices(Ts=(16384, 131072)) -> list[dict]:
     out = []
     for T in Ts:
-        base = plan.blocks(B, T, H, D, 64)
+        base = cost.plan_blocks(B, T, H, D, 64)
         N = T // 64
         for G in sorted({1, 4, 16, base.segments, 4 * base.segments, N}):
             b = dataclasses.replace(base, segments=G)
@@ -180,7 +180,7 @@ def choices(Ts=(16384, 131072)) -> list[dict]:
                      bound_us=_sum(ks, {"bwd_dqkv", "bwd_dq", "bwd_dkv", "bwd_dk", "bwd_dv"}),
                      note="each kernel re-reads the chunk's inputs")
             )  # fmt: skip
-        big = plan.blocks(B, T, H, D, 256)
+        big = cost.plan_blocks(B, T, H, D, 256)
         for bt in (256, 128, 64, 32):
             b = dataclasses.replace(big, bt=bt)
             ks = cost.chunk_kernels(B, T, H, D, S, b, True)

@@ -470,6 +470,15 @@ ATTENTION_NOTES = [
     "- Recomputing each chunk's entering state in the output and gradient kernels from the "
     "keys and values before it would drop the forward pass's launch; priced by this MODEL its "
     "extra dots cost more than that launch (docs/design.md), so the passes stay.",
+    "- The four kernels' cost against cuDNN's two: each launch is priced over the share of the "
+    "132 SMs its grid fills, and at 1k, batch 1 the grids are a few waves, the last one partly "
+    "idle at some head counts. `cost.plan_blocks` halves the output and gradient kernels' row "
+    "tile (64 to 32 rows) and splits the state passes' value block (`Blocks.bs`) where the kernel "
+    "cost model (`kernels/lt_chunked/cost.py`) prices the kernels a split changes at least 5% "
+    "faster with it (`cost.SPLIT_GAIN`): the tables above are compiled with those plans; sizes "
+    "whose grids already fill their waves keep the unsplit ones. What is left against cuDNN is "
+    "the two state passes' launches and, at the largest sizes, grids that still leave part of "
+    "a wave idle (docs/design.md).",
 ]
 
 

@@ -110,7 +110,7 @@ def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
     D = dims["n_embd"] // H
     Dp = max(16, 2 ** math.ceil(math.log2(D)))
     c = min(point.chunk_size or 64, T)
-    ks = lt_cost.chunk_kernels(B, T, H, Dp, BF16, lt_plan.blocks(B, T, H, Dp, c), True)
+    ks = lt_cost.chunk_kernels(B, T, H, Dp, BF16, lt_cost.plan_blocks(B, T, H, Dp, c), True)
     ks += lt_cost.fused_kernels(B, T, H, Dp, BF16, lt_plan.fused_blocks(B, T, H, Dp, c), True)
     out = {"lt_chunked_" + k.name: k for k in ks if not k.name.startswith(("xla", "fwd_h ("))}
     for k in _attention_parallel_costs(B, T, H, Dp, lt_plan.tile(c, Dp)):

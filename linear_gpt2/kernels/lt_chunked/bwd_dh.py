@@ -137,7 +137,7 @@ def chunk_bwd_dh(
     delta then None), and returned after the states, ``r, delta [B, H, T]`` float32: no XLA
     pass of their own. Each program then reads dY's rows in all D columns (for dY . y)."""
     B, T, H, D = fq.shape
-    c, BV, G = blocks.c, blocks.bv, blocks.segments
+    c, BV, G = blocks.c, blocks.state_block, blocks.segments
     L = T // c // G
     seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
     seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))

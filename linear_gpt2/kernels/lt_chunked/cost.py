@@ -88,6 +88,7 @@ class _Shape:
         self.N, self.P, self.NT = T // blocks.c, blocks.c // blocks.bt, T // blocks.bt
         self.G = blocks.segments
         self.NV, self.ND = D // blocks.bv, D // blocks.bd
+        self.NS = D // blocks.state_block  # the state passes' value blocks
         self.seq = self.BH * T * D * s  # one [B, T, H, D] array
         self.rows = self.BH * T * F32_BYTES  # one [B, H, T] float32 array
         self.states = self.BH * self.N * (D * D + D) * F32_BYTES  # a state per chunk (h, z)
@@ -158,7 +159,7 @@ def chunk_kernels(
     local = 0 if own else sh.states  # the segment-local states written / read
     state_pass = sh.BH * sh.N * 2 * sh.c * D * D
     fwd_h = KernelCost(
-        "fwd_h", sh.BH * sh.NV * sh.G, sh.N // sh.G, state_pass,
+        "fwd_h", sh.BH * sh.NS * sh.G, sh.N // sh.G, state_pass,
         2 * sh.seq + local + sh.totals,
     )  # fmt: skip
     bases = [_xla("xla: segment prefix", 3 * sh.totals)] if sh.G > 1 and not own else []
@@ -178,7 +179,7 @@ def chunk_kernels(
         # bwd_dh forms the row cotangents r, delta (reads y, den; writes r, delta)
         KernelCost(
             "bwd_dh",
-            sh.BH * sh.NV * sh.G,
+            sh.BH * sh.NS * sh.G,
             sh.N // sh.G,
             state_pass,
             3 * sh.seq + 3 * sh.rows + local + sh.totals,
@@ -244,6 +245,50 @@ def design_seconds(costs: list[KernelCost]) -> float:
     return sum(k.seconds + LAUNCH_SECONDS for k in costs)
 
 
+# The smallest row tile and state-pass value block :func:`plan_blocks` splits to, and the
+# modelled gain a split must buy: smaller tiles use the tensor cores less well than this model,
+# which prices every Pallas FLOP alike, can see, so one is taken only where the grid's wave fill
+# buys clearly more.
+MIN_SPLIT_TILE = 32
+MIN_STATE_BLOCK = 16
+SPLIT_GAIN = 0.05
+
+
+def plan_blocks(B: int, T: int, H: int, D: int, c: int, *, forget: bool = False):
+    """``plan.blocks`` with the wave-filling splits this model pays for: what the chunk-parallel
+    kernels run (``ops``) and :func:`choose` prices.
+
+    Two splits are taken where the model (:func:`chunk_kernels`, forward + backward) prices the
+    kernels they change at least :data:`SPLIT_GAIN` faster, each against the plan before it:
+    the row tile ``plan.tile(c, D)`` halved (not under :data:`MIN_SPLIT_TILE`), and the state
+    passes' value block ``bs`` at its fastest halving (not under :data:`MIN_STATE_BLOCK`). At
+    few waves (1k tokens, 12, 20 or 25 heads) the output and gradient kernels' T / bt x B H x
+    D / bv programs, and the state passes' G B H x D / bs, leave part of the last wave of the
+    132 SMs idle, and more programs fill it better (docs/design.md, "`LT_chunked` against
+    `flash` at 1k")."""
+    out = plan_lib.blocks(B, T, H, D, c, forget=forget)
+
+    def faster(a: plan_lib.Blocks, b: plan_lib.Blocks) -> bool:
+        """Whether b's kernels that differ from a's are modelled SPLIT_GAIN faster."""
+        ka, kb = (chunk_kernels(B, T, H, D, 2, x, True) for x in (a, b))
+        changed = [(x, y) for x, y in zip(ka, kb) if x != y]
+        before = sum(x.seconds for x, _ in changed)
+        return sum(y.seconds for _, y in changed) < (1 - SPLIT_GAIN) * before
+
+    if out.bt // 2 >= MIN_SPLIT_TILE:
+        split = dataclasses.replace(out, bt=out.bt // 2)
+        out = split if faster(out, split) else out
+    splits = []
+    bs = out.state_block // 2
+    while bs >= MIN_STATE_BLOCK:
+        splits.append(dataclasses.replace(out, bs=bs))
+        bs //= 2
+    if splits:  # the fastest halving of the state passes' value block, if it pays
+        best = min(splits, key=lambda b: design_seconds(chunk_kernels(B, T, H, D, 2, b, True)))
+        out = best if faster(out, best) else out
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
     kernel: str
@@ -257,7 +302,7 @@ def choose(B: int, T: int, H: int, D: int, c: int, s: int) -> Choice:
     # fused_chunk holds Pallas kernels: imported when the choice is made, not with the model.
     from linear_gpt2.kernels.lt_chunked import fused_chunk
 
-    chunk = design_seconds(chunk_kernels(B, T, H, D, s, plan_lib.blocks(B, T, H, D, c), True))
+    chunk = design_seconds(chunk_kernels(B, T, H, D, s, plan_blocks(B, T, H, D, c), True))
     fused = design_seconds(fused_kernels(B, T, H, D, s, fused_chunk.blocks(B, T, H, D, c), True))
     seconds = {CHUNK: chunk, FUSED: fused}
     kernel = min(seconds, key=seconds.get)

@@ -107,7 +107,7 @@ def chunk_fwd_h(
     (one chunk per segment, G = N: every segment-local state is zero) only ``(ht, zt)``, the
     chunks' own totals."""
     B, T, H, D = fk.shape
-    c, BV, G = blocks.c, blocks.bv, blocks.segments
+    c, BV, G = blocks.c, blocks.state_block, blocks.segments
     L = T // c // G
     seg = pl.BlockSpec((None, L * c, None, D), lambda g, b, h, iv: (b, g, h, 0))
     seg_v = pl.BlockSpec((None, L * c, None, BV), lambda g, b, h, iv: (b, g, h, iv))
@@ -127,7 +127,7 @@ def launch_state_pass(
     each segment's total [B, H, G, D, D], [B, H, G, D], float32, then ``row_outputs`` per-row
     arrays [B, H, T] float32 (``bwd_dh``'s row cotangents)."""
     B, T, H, D = shape
-    c, bt, BV, G = blocks.c, blocks.bt, blocks.bv, blocks.segments
+    c, bt, BV, G = blocks.c, blocks.bt, blocks.state_block, blocks.segments
     N = T // c
     L = N // G
     forget = b is not None

@@ -580,7 +580,7 @@ def chunked_attention(
     if design == FUSED:
         blocks = fused_chunk.blocks(B, Tp, H, Dp, c)
     else:
-        blocks = plan_lib.blocks(B, Tp, H * nk, Dp, c, forget=forget)
+        blocks = cost.plan_blocks(B, Tp, H * nk, Dp, c, forget=forget)
     b = s = None
     gated = False
     if forget:  # padded positions: gamma = 1, no reset (they follow T; their keys are zero)

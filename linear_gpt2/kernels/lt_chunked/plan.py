@@ -10,7 +10,9 @@
   columns across programs);
 - ``bd``: the column block of the gradient kernels (dphi(q), dphi(k), dv computed 64 columns of
   D per program, the states' rows / columns loaded or carried accordingly);
-- ``segments``: G, the split of the sequence for the state passes (``fwd_h`` / ``bwd_dh``).
+- ``segments``: G, the split of the sequence for the state passes (``fwd_h`` / ``bwd_dh``);
+- ``bs``: the value block of the state passes alone (``state_block``; None: ``bv``), where
+  splitting their [D, D] states finer fills the GPU's waves better than the output kernel needs.
 
 Which values: see :func:`blocks` and the design notes (docs/design.md, "LT_chunked kernels"),
 where the roofline model (``cost.py``, ``benchmarks/roofline.py``) and the compiled register
@@ -39,11 +41,19 @@ class Blocks:
     segments: int
     # The backward gradient kernels, each the tuple of the gradients it computes.
     grad_kernels: tuple[tuple[str, ...], ...] = (("dq", "dk", "dv"),)
+    bs: int | None = None
+
+    @property
+    def state_block(self) -> int:
+        """The value block of the state passes' [D, D] states (``fwd_h``, ``bwd_dh``)."""
+        return self.bs or self.bv
 
     def describe(self) -> str:
         kernels = "+".join("d" + "".join(x[1] for x in k) for k in self.grad_kernels)
+        bs = f" bs={self.bs}" if self.bs and self.bs != self.bv else ""
         return (
-            f"c={self.c} bt={self.bt} bv={self.bv} bd={self.bd} G={self.segments} grads={kernels}"
+            f"c={self.c} bt={self.bt} bv={self.bv} bd={self.bd}{bs} G={self.segments} "
+            f"grads={kernels}"
         )
 
 
@@ -107,7 +117,8 @@ def blocks(
     forget: bool = False,
 ):  # fmt: skip
     """The launch shape of the chunk-parallel kernels for ``[B, T, H, D]`` inputs (T a multiple
-    of c, D a power of two), with forgetting (resets / decay gates) or not."""
+    of c, D a power of two), with forgetting (resets / decay gates) or not, before the
+    wave-filling splits (``cost.plan_blocks``, what the kernels run)."""
     bv = value_block(D)
     N = T // c
     G = segments(B, H, N, D // bv) if segments_override is None else segments_override
