@@ -88,11 +88,13 @@ gpu-wheels: setup
 		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 	@du -sh .whl
 
+# Three workers on CI's two cores: with two, the CPU sat partly idle while tests waited on their
+# subprocesses (trainers, multi-process runs); the third fills it (docs/design.md).
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=15
+	$(PY) -m pytest -n 3 --dist loadgroup -q --durations=15
 
 test-fast: setup
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
+	$(PY) -m pytest -n 3 --dist loadgroup -q -m "not slow"
 
 # The layers (pyproject.toml, [tool.importlinter]): platform -> kernels -> attention -> model ->
 # training -> experiments, no cycles; the library imports no study, no study another.

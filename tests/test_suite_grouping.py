@@ -1,4 +1,4 @@
-"""``make test`` runs ``pytest -n 2 --dist loadgroup``: tests marked ``xdist_group`` share one
+"""``make test`` runs ``pytest -n 3 --dist loadgroup``: tests marked ``xdist_group`` share one
 worker, so a costly module fixture they read (an 8-device worker process, a trained run) is
 computed once, not once per worker. pytest 9.2 broke this silently (pytest-xdist issue 1386: the
 group no longer reaches the node id and the tests are spread as if unmarked); pyproject.toml pins
