@@ -373,7 +373,8 @@ def test_compile_ab_without_loaded_steps_says_what_its_ratio_is():
 
 def _first_window_decides_the_glue_kernels(w1: plan.Window) -> None:
     """Window 1 holds the glue kernels' gpu tests and the 124M step timed with them at pallas
-    beside xla in one process per point (1k with flash too, 16 x 1k, 64k), each priced."""
+    beside xla, and unrolled as well, in one process per point (1k with flash too, 16 x 1k,
+    64k), each priced."""
     keys = w1.keys()
     assert ("tests", "test_kernels_glue_gpu") in keys
     glue = {u.name: u for s, u in w1.items if s.name == "glue"}
@@ -381,9 +382,11 @@ def _first_window_decides_the_glue_kernels(w1: plan.Window) -> None:
     for u in glue.values():
         argv = _argv(u)
         assert argv.startswith("scripts/bench_step.py --sizes 124M"), argv  # compiled on the GPU
-        xla, pallas = re.search(r"--side-by-side (xla:\S+) (pallas:\S+)", argv).groups()
+        found = r"--side-by-side (xla:\S+) (pallas:\S+) (unrolled:\S+)"
+        xla, pallas, unrolled = re.search(found, argv).groups()
         for k in ("layernorm_kernel", "mlp_kernel", "loss_kernel", "bias_kernel"):
-            assert f"{k}=xla" in xla and f"{k}=pallas" in pallas
+            assert f"{k}=xla" in xla and f"{k}=pallas" in pallas and f"{k}=pallas" in unrolled
+        assert "scan_layers=False" in unrolled and "scan_layers" not in pallas
         assert "--model remat=none" in argv and u.seconds > 20
     assert "--batch 16" in _argv(glue["124M_16x1k"]) and "--contexts 65536" in _argv(
         glue["124M_64k"]
@@ -391,18 +394,25 @@ def _first_window_decides_the_glue_kernels(w1: plan.Window) -> None:
     assert "--attentions LT_chunked flash" in _argv(glue["124M_1k"])
 
 
-def _glue_raw(ratios: dict[str, float], tests: list[str] | None):
+def _glue_raw(ratios: dict[str, float], tests: list[str] | None, unrolled: float | None = None):
+    """The glue stage's raw file: ``pallas`` at ``ratios`` of xla per point; with ``unrolled``,
+    a third setting at that ratio of pallas (failed at the first point: not pallas's verdict)."""
     from studies.common.core import Raw
 
     env = {"device_kind": "NVIDIA H100 80GB HBM3", "git_commit": "abc", "jax_version": "0.11.2"}
+    sets = {"xla": {}, "pallas": {}} | ({"unrolled": {"scan_layers": False}} if unrolled else {})
     meta = {"how": "measured", "environment": env, "settings": {
-        "dtype": "bfloat16", "warmup": 2, "rounds": 2, "repeats": 4,
-        "side_by_side": {"xla": {}, "pallas": {}}}}  # fmt: skip
+        "dtype": "bfloat16", "warmup": 2, "rounds": 2, "repeats": 4, "side_by_side": sets}}  # fmt: skip
     rows = [{"attention": "LT_chunked", "size": "124M", "context": t, "batch": b,
              "chunk_size": 64, "baseline": "xla", "median_ms": {"xla": 10.0, "pallas": 10.0 * x},
              "status": {"xla": "ok", "pallas": "ok"}, "ratio": {"pallas": x},
              "round_ratios": {"pallas": [x, x * 1.01]}, "memory_bytes": {}}
             for (t, b), x in ((tuple(map(int, k.split("x"))), x) for k, x in ratios.items())]  # fmt: skip
+    for i, r in enumerate(rows if unrolled else []):
+        u = r["median_ms"]["pallas"] * unrolled
+        r["median_ms"]["unrolled"], r["ratio"]["unrolled"] = u, u / 10.0
+        r["round_ratios"]["unrolled"] = [u / 10.0] * 2
+        r["status"]["unrolled"] = "failed: out of memory" if i == 0 else "ok"
     glue = Raw("glue_ab_h100_measured.json", {"meta": meta, "rows": rows})
     if tests is None:
         return glue, None
@@ -415,11 +425,17 @@ def test_the_glue_page_says_which_setting_won_and_by_how_much():
     from studies.gpu_check import report as page
 
     on = page.glue(*_glue_raw({"1024x1": 0.8, "1024x16": 0.5}, ["passed", "passed"]))
-    assert (
-        "| `LT_chunked` 124M 16 x 1k, chunk 64 | 10 | 5 | 0.500 | `pallas` 2.000x | 2 of 2 |" in on
-    )
+    row = "| `LT_chunked` 124M 16 x 1k, chunk 64 | `pallas` | 10 | 5 | 0.500 | `pallas` 2.000x | 2 of 2 |"
+    assert row in on
     assert "**`pallas` won at every point** (its step time / `xla`'s 0.500 to 0.800)" in on
     assert "2 of 2 passed" in on and "may be turned on" in on
+    # A third setting (the blocks unrolled) is reported against pallas, beside the verdict: it
+    # neither makes nor breaks it, even where it failed.
+    three = page.glue(*_glue_raw({"1024x1": 0.8, "1024x16": 0.5}, ["passed"] * 2, unrolled=0.6))
+    assert row in three and "may be turned on" in three
+    assert "| `LT_chunked` 124M 16 x 1k, chunk 64 | `unrolled` | 10 | 3 | 0.300 |" in three
+    assert ("`unrolled` (`model.scan_layers: false`) against `pallas`, step time / `pallas`'s: "
+            "`LT_chunked` 124M 16 x 1k, chunk 64 0.600.") in three  # fmt: skip
     slow = page.glue(*_glue_raw({"1024x1": 1.25, "65536x1": 0.5}, ["passed", "failed"]))
     assert "`xla` 1.250x" in slow and "**Keep `AUTO_PICKS_PALLAS` off**" in slow
     assert "not faster at `LT_chunked` 124M 1k, chunk 64 (1.250)" in slow
@@ -429,9 +445,9 @@ def test_the_glue_page_says_which_setting_won_and_by_how_much():
 
 
 @SLOW
-def test_tiny_glue_unit_times_both_settings_side_by_side_and_renders_its_page(tmp_path):
+def test_tiny_glue_unit_times_every_setting_side_by_side_and_renders_its_page(tmp_path):
     """The glue stage's CPU path on tiny shapes, as a window runs it: one process compiles the
-    step at xla and at pallas and times them in alternating rounds; the collector writes the
+    step at xla, at pallas and unrolled, and times them in alternating rounds; the collector writes the
     results file and the page that says which won."""
     res, run = tmp_path / "res", tmp_path / "run"
     shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("*.png", "*_tiny_cpu_measured*"))
@@ -443,6 +459,8 @@ def test_tiny_glue_unit_times_both_settings_side_by_side_and_renders_its_page(tm
     rows = {x["variant"]: x for x in step["results"]}
     assert rows["pallas"]["overrides"]["mlp_kernel"] == "pallas"
     assert rows["xla"]["overrides"]["mlp_kernel"] == "xla"
+    assert rows["unrolled"]["overrides"]["scan_layers"] is False
+    assert rows["unrolled"]["overrides"]["mlp_kernel"] == "pallas"
     assert all(len(x["rounds_ms"]) == 2 and x["median_ms"] > 0 for x in rows.values())
     (pair,) = step["side_by_side"]
     assert pair["ratio"]["pallas"] == pytest.approx(
@@ -453,6 +471,7 @@ def test_tiny_glue_unit_times_both_settings_side_by_side_and_renders_its_page(tm
     _page_is_rendered(md)
     assert (
         "AUTO_PICKS_PALLAS" in md.read_text()
-        and "| `LT_chunked` tiny 64, chunk 16 |" in md.read_text()
+        and "| `LT_chunked` tiny 64, chunk 16 | `unrolled` |" in md.read_text()
+        and "`unrolled` (`model.scan_layers: false`) against `pallas`" in md.read_text()
     )
     assert "gpu_check.glue" in (res / "gpu_check_tiny_cpu_measured.md").read_text()

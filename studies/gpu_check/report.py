@@ -294,6 +294,11 @@ def _glue_tests(raw: Raw | None) -> tuple[str, bool | None]:
     return text, bool(tests) and passed == len(tests)
 
 
+# The setting whose ratio to xla decides kernels/choice.py's AUTO_PICKS_PALLAS (the glue stage
+# times it beside xla and beside others: studies/gpu_check/stages.py's glue_variants).
+GLUE_CANDIDATE = "pallas"
+
+
 def _glue_point(r: dict[str, Any]) -> str:
     b = f"{r['batch']} x " if r.get("batch", 1) > 1 else ""
     chunk = f", chunk {r['chunk_size']}" if r.get("chunk_size") else ""
@@ -316,14 +321,19 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
             rr = r["round_ratios"].get(v) or []
             rounds = sum((x < 1) == (ratio < 1) for x in rr)
             mem = r.get("memory_bytes") or {}
-            body.append([_glue_point(r), _ms(ms_b), _ms(ms_v), f"{ratio:.3f}", won_by,
+            body.append([_glue_point(r), f"`{v}`", _ms(ms_b), _ms(ms_v), f"{ratio:.3f}", won_by,
                          f"{rounds} of {len(rr)}",
                          f"{gib(mem.get(base), 1)} / {gib(mem.get(v), 1)}"])  # fmt: skip
             ratios.append((r, v, ratio))
+    names = list(s.get("side_by_side") or {}) or ["xla", GLUE_CANDIDATE]
+    base = names[0]
+    cand = GLUE_CANDIDATE if GLUE_CANDIDATE in names else names[-1]
+    others = [v for v in names[1:] if v != cand]
+    # The verdict reads the baseline and the candidate alone; other settings are reported beside.
+    ratios = [x for x in ratios if x[1] == cand]
+    for r in raw.data["rows"]:
         failed += [f"{_glue_point(r)} at `{v}`: {st}" for v, st in r["status"].items()
-                   if st != "ok"]  # fmt: skip
-    names = list(s.get("side_by_side") or {}) or ["xla", "pallas"]
-    base, cand = names[0], names[-1]
+                   if st != "ok" and v in (base, cand)]  # fmt: skip
     test_text, tests_ok = _glue_tests(tests)
     faster = [x for x in ratios if x[2] < 1]
     if ratios and len(faster) == len(ratios) and not failed and tests_ok:
@@ -344,6 +354,8 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
         elif not tests_ok:
             why.append("a gpu test did not pass")
         verdict = f"**Keep `AUTO_PICKS_PALLAS` off**: {'; '.join(why)}."
+    beside = [_beside(raw.data["rows"], cand, v, (s.get("side_by_side") or {}).get(v, {}))
+              for v in others]  # fmt: skip
     steps = (s.get("rounds") or 0) * (s.get("repeats") or 0)
     sizes = ", ".join(dict.fromkeys(r["size"] for r in raw.data["rows"]))
     return "\n".join([
@@ -352,8 +364,27 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
         f"`mlp_kernel`, `loss_kernel`, `bias_kernel`) at each setting, in one process per point; "
         f"{s.get('warmup')} warm-up steps each, then {s.get('rounds')} rounds of "
         f"{s.get('repeats')} steps, the settings' order alternating from round to round; "
-        f"medians of the {steps} timed steps; ratio = `{cand}` / `{base}`.", "",
-        table(["point", f"`{base}` ms", f"`{cand}` ms", "ratio", "faster (by: slower / faster)",
-               "rounds it won", "GiB (each)"], body, "lrrrlrr"), "",
-        test_text, "", verdict,
+        f"medians of the {steps} timed steps; ratio = the setting's / `{base}`'s.", "",
+        table(["point", "setting", f"`{base}` ms", "setting's ms", "ratio",
+               "faster (by: slower / faster)", "rounds it won", "GiB (each)"], body, "llrrrlrr"),
+        "",
+        test_text, "", verdict, *(f"\n{b}" for b in beside),
     ])  # fmt: skip
+
+
+def _beside(rows: list[dict[str, Any]], cand: str, v: str, options: dict[str, Any]) -> str:
+    """Setting ``v`` against the candidate at every point both timed (their medians' ratio):
+    not part of the verdict on ``AUTO_PICKS_PALLAS`` (e.g. ``unrolled``, the candidate with
+    ``model.scan_layers: false``)."""
+    changed = ", ".join(f"`model.{k}: {str(x).lower()}`" for k, x in options.items()
+                        if x != "pallas")  # fmt: skip
+    cells = []
+    for r in rows:
+        ms = r["median_ms"]
+        if ms.get(v) and ms.get(cand) and r["status"].get(v) == r["status"].get(cand) == "ok":
+            cells.append(f"{_glue_point(r)} {ms[v] / ms[cand]:.3f}")
+    said = "; ".join(cells) if cells else "no point was timed at both"
+    return (
+        f"`{v}`{f' ({changed})' if changed else ''} against `{cand}`, step time / "
+        f"`{cand}`'s: {said}."
+    )

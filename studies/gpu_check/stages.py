@@ -8,7 +8,8 @@ from the steps compiled here (:mod:`.compiled`), then ``LT_chunked``'s kernels a
 flash and flash-linear-attention at B1 H12 D64, 4k to 64k, and one context again compiled on
 the GPU (``compile_ab``: are the loaded steps' times the device-compiled ones'?), and what
 decides the glue kernels' ``auto`` (``kernels/choice.py``): their gpu tests and the 124M step
-with them at ``pallas`` beside ``xla`` in one process (``glue``: 1k, 16 x 1k, 64k). Then, each in
+with them at ``pallas`` beside ``xla``, and with the blocks unrolled as well, in one process
+(``glue``: 1k, 16 x 1k, 64k). Then, each in
 windows that fit: the gpu tests against float64 (1); the larger sizes at 1k (2);
 ``LT_attention_parallel``'s kernels at 4k-64k (3); sampling (4); the memory check (5);
 Zoology's MQAR cell (6); the context grid, a window's worth of runs at a time (7); and what was
@@ -20,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from linear_gpt2.platform.cards import H100
 from studies.gpu_check import learning, testfiles
 from studies.gpu_check.known import Known
 from studies.gpu_check.plan import CHECKS, LEARNING, Cost, Plan, Stage, Unit
 from studies.gpu_check.plan import assumed as A
+from studies.gpu_check.report import GLUE_CANDIDATE
 
 K = 1024
 HEADLINE = ("flash", "LT_chunked")  # the post's figure: the pair it claims about
@@ -194,12 +197,16 @@ def compile_ab_stage(known: Known, tiny: bool) -> Stage:
                  "steps compiled here", (unit,))  # fmt: skip
 
 
-def glue_variants() -> dict[str, dict[str, str]]:
-    """The two settings of the glue kernels timed side by side: XLA's program (what ``auto``
-    runs now) first, the baseline, then the kernels (step_glue's "after")."""
-    from studies.train_step.step_glue import AFTER_KERNELS
+def glue_variants() -> dict[str, dict[str, Any]]:
+    """The settings timed side by side: XLA's program (what ``auto`` runs now) first, the
+    baseline; the glue kernels (step_glue's "after", :data:`GLUE_CANDIDATE`: what decides
+    ``AUTO_PICKS_PALLAS``); and those with the blocks unrolled (step_glue's "unrolled",
+    ``model.scan_layers: false``: the switch the MODEL credits with issue 37's 1k targets,
+    measured in the same rounds)."""
+    from studies.train_step.step_glue import AFTER_KERNELS, UNROLLED
 
-    return {"xla": {k: "xla" for k in AFTER_KERNELS}, "pallas": dict(AFTER_KERNELS)}
+    return {"xla": {k: "xla" for k in AFTER_KERNELS}, GLUE_CANDIDATE: dict(AFTER_KERNELS),
+            "unrolled": {**AFTER_KERNELS, **UNROLLED}}  # fmt: skip
 
 
 def _options(values: dict[str, str]) -> str:
@@ -240,7 +247,7 @@ def glue_unit(known: Known, name: str, size: str, names, context: int, batch: in
                                     f"{c.basis.removeprefix('measured: ')})")  # fmt: skip
         costs.append(c)
     b = f"{batch} x " if batch > 1 else ""
-    work = (f"{', '.join(names)} at {b}{_ctx(context)}: glue kernels xla / pallas, side by side "
+    work = (f"{', '.join(names)} at {b}{_ctx(context)}: {' / '.join(variants)}, side by side "
             "(compiled on the GPU)")  # fmt: skip
     return _unit(known, "glue", name, argv, costs, work, 0)
 
@@ -252,8 +259,8 @@ def glue_stage(known: Known, tiny: bool) -> Stage:
     else:
         units = tuple(glue_unit(known, n, "124M", names, t, b, c, memory)
                       for n, names, t, b, c, memory in GLUE_POINTS)  # fmt: skip
-    return Stage("glue", CHECKS, "the step with the glue kernels at pallas beside xla, side by "
-                 "side: which wins, by how much", units)  # fmt: skip
+    return Stage("glue", CHECKS, "the step with the glue kernels at pallas beside xla, and with "
+                 "the blocks unrolled too, side by side: which wins, by how much", units)  # fmt: skip
 
 
 def _kernel_flops(B: int, H: int, D: int, T: int, softmax: bool, c: int = 64) -> float:
