@@ -26,6 +26,7 @@ import csv
 import logging
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -349,6 +350,47 @@ def test_segments_fill_the_h100():
     assert plan.segments(1, 12, 8, 1) == 8  # T/c = 8 chunks: one chunk per segment
     assert plan.segments(32, 12, 4096, 1) == 1  # 384 programs already
     assert plan.segments(1, 12, 3, 1) == 1  # N odd: no power-of-two split divides it
+
+
+def test_own_prefix_residual_under_reuse_remat_and_vmap():
+    """The own-prefix path keeps the forward's chunk totals as a residual of the custom_vjp
+    (``ops.own_prefix``): one forward's vjp applied to two cotangents (vmapped), the op under
+    ``jax.checkpoint`` (the forward recomputed inside the backward) and under ``vmap`` (the
+    Pallas calls batched, their grids one axis longer) all give the oracle's values and
+    gradients. H odd, T padded (30 -> 32: two chunks, two segments). One compile for all."""
+    shape, c = (1, 30, 3, 16), 16
+    assert plan.own_prefix(cost.plan_blocks(1, 32, 3, 16, c), 2)
+    q, k, v, dy = inputs(shape, seed=6)
+    softplus = feature_maps.get("softplus")
+
+    def fused(q, k, v):
+        return chunked_kernels.chunked_attention(
+            q, k, v, c, EPS, kernel="pallas_chunk", feature_map=softplus
+        )
+
+    def oracle(q, k, v):
+        return naive.chunked_attention(*linear.features(q, k, "softplus"), v, c, EPS)
+
+    def checks(fn, q, k, v, dy):
+        y, vjp = jax.vjp(fn, q, k, v)  # one forward, two cotangents (the backward vmapped)
+        reused = (y, *jax.vmap(vjp)(jnp.stack([dy, jnp.flip(dy, 1) * 3.0])))
+        loss = jax.checkpoint(
+            lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)) * dy),
+            policy=jax.checkpoint_policies.nothing_saveable,
+        )
+        remat = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+        def value_and_vjp(q, k, v, dy):
+            y, vjp = jax.vjp(fn, q, k, v)
+            return (y, *vjp(dy))
+
+        batch = [jnp.stack([x, jnp.flip(x, 2) * 0.5]) for x in (q, k, v, dy)]
+        return (*reused, *remat, *jax.vmap(value_and_vjp)(*batch))
+
+    outs = jax.jit(partial(checks, fused))(q, k, v, dy)
+    refs = jax.jit(partial(checks, oracle))(q, k, v, dy)
+    errs = [rel_err(out, ref) for out, ref in zip(outs, refs)]
+    assert max(errs) <= F32_TOL, errs
 
 
 # --------------------------------------------------------------------------------------------
