@@ -150,6 +150,10 @@ def main(argv=None) -> int:
                 "environment": {**env, "device_kind": "NVIDIA H100 SXM (compiled for, deviceless)"},
                 "code": "this tree" if args.code is None else f"git archive of {args.commit}",
             }  # fmt: skip
+            # Points compiled before points recorded their own commit keep their label's.
+            before = costs["meta"].get("labels", {}).get(args.label, {})
+            for other in done.values():
+                other.setdefault("git_commit", before.get("environment", {}).get("git_commit"))
             labels = {**costs["meta"].get("labels", {}), args.label: label}
             # The file's provenance is the "after" program's (this tree's), each label's beside.
             costs["meta"] = {**labels.get("after", label), "labels": labels}

@@ -239,8 +239,14 @@ def _head(d: dict[str, Any]) -> list[str]:
     if not alts:
         return ["(not compiled: `benchmarks/step_glue.py --label fused_head --only KEY`)"]
     labels = d["meta"]["costs"]
-    after, fused = (short(labels.get(k, {}).get("environment", {}).get("git_commit"))
-                    for k in ("after", "fused_head"))  # fmt: skip
+
+    def commits(side: str, label: str) -> str:
+        # Each point's own commit where recorded, else its label's.
+        default = labels.get(label, {}).get("environment", {}).get("git_commit")
+        return ", ".join(sorted({short(a.get("commits", {}).get(side) or default)
+                                 for a in alts.values()}))  # fmt: skip
+
+    after, fused = commits("as_built", "after"), commits("fused", "fused_head")
     lines = [
         "The head and loss as built (XLA's three GEMMs per chunk of `loss_chunk` tokens, the "
         'cross-entropy kernel between them: the "after" step) against the step with '

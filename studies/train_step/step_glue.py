@@ -345,7 +345,10 @@ def summarise(costs: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
         c = costs["points"].get(FUSED_HEAD, {}).get(p.key)
         if p.key in points and "after" in points[p.key] and c:
             fused = {**price(c["rows"], params), "memory_bytes": c["memory_bytes"]}
-            alternatives[p.key] = fused_head(p, points[p.key]["after"], fused)
+            commits = {"as_built": points[p.key]["after"].get("commit"),
+                       "fused": c.get("git_commit")}  # fmt: skip
+            alternatives[p.key] = {**fused_head(p, points[p.key]["after"], fused),
+                                   "commits": commits}  # fmt: skip
     return {"points": points, "targets": targets(points, measured),
             "head_alternatives": alternatives,
             "measured": {k: measured[v["measured_key"]] for k, v in points.items()
