@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from linear_gpt2 import attention
-from linear_gpt2.model import forward, init_params, interop, loss_fn
+from linear_gpt2.model import forward, init_params, interop, loss_fn, param_shapes
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.model.gpt import document_starts
 from linear_gpt2.model.layers import retnet_gammas
@@ -178,7 +178,8 @@ def test_second_document_of_a_row_is_computed_as_if_alone(name):
     decays = name in LINEAR
     if decays:
         kw["log_gate"] = jnp.asarray(log_gate)
-    fn = attention.get(name, chunk_size=4, kernel="xla")
+    # Jitted: op by op, the position loops and scans dispatched (and compiled) each op alone.
+    fn = jax.jit(attention.get(name, chunk_size=4, kernel="xla"))
     together = np.asarray(fn(q, k, v, **kw))[:, first:]
     alone_kw = {"log_gate": jnp.asarray(log_gate[:, first:])} if decays else {}
     alone = np.asarray(fn(q[:, first:], k[:, first:], v[:, first:], **alone_kw))
@@ -217,20 +218,23 @@ def test_decoder_steps_and_prefills_equal_the_full_pass(name):
     kw = {"resets": jnp.asarray(resets)}
     if name != "softmax":
         kw["log_gate"] = jnp.asarray(log_gate)
-    full = np.asarray(attention.get(name, chunk_size=CHUNK, kernel="xla")(q, k, v, **kw))
+    full = np.asarray(jax.jit(attention.get(name, chunk_size=CHUNK, kernel="xla"))(q, k, v, **kw))
     dec = attention.decoder(name, chunk_size=CHUNK)
+    # Jitted (one program per prefill length, one for every step): op by op each step and
+    # prefill dispatched, and compiled, its ops one at a time.
+    step, prefill = jax.jit(dec.step), jax.jit(dec.prefill)
     state = dec.init(B, H, D, T, jnp.float32)
     ys = []
     for i in range(T):
         one = {("reset" if n == "resets" else n): a[:, i] for n, a in kw.items()}
-        y, state = dec.step(state, q[:, i], k[:, i], v[:, i], **one)
+        y, state = step(state, q[:, i], k[:, i], v[:, i], **one)
         ys.append(y)
     assert rel_err(np.stack(ys, 1), full) <= 1e-5
     # Prefills split right before a document start (16) and inside one (37).
     state = dec.init(B, H, D, T, jnp.float32)
     parts = []
     for a, b in ((0, 16), (16, 37), (37, T)):
-        y, state = dec.prefill(
+        y, state = prefill(
             state, q[:, a:b], k[:, a:b], v[:, a:b], **{n: x[:, a:b] for n, x in kw.items()}
         )
         parts.append(y)
@@ -268,10 +272,13 @@ SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=EOT + 1, block_size=64)
 
 @SLOW
 def test_gate_parameters_exist_only_with_decay_gate():
+    # The parameter tree from param_shapes (traced, not compiled: a compilation each cost
+    # seconds); the gate's values from one real initialisation.
     for decay, expect in (("none", False), ("fixed", False), ("gate", True)):
-        p = init_params(ModelConfig(**SMALL, attention="LT_chunked", decay=decay), 0)
+        p = param_shapes(ModelConfig(**SMALL, attention="LT_chunked", decay=decay))
         assert ("c_gate" in p["h"]["attn"]) == expect, decay
     p = init_params(ModelConfig(**SMALL, attention="LT_chunked", decay="gate"), 0)
+    assert "c_gate" in p["h"]["attn"]
     assert p["h"]["attn"]["c_gate"]["kernel"].shape == (2, 32, 2)  # [layers, C, H]
     gamma = jax.nn.sigmoid(p["h"]["attn"]["c_gate"]["bias"][0])
     np.testing.assert_allclose(gamma, retnet_gammas(2), rtol=1e-6)  # starts as RetNet's decays

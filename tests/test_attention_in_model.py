@@ -17,6 +17,19 @@ SOFTMAX_FAMILY = ("softmax", "flash")
 LINEAR_FAMILY = tuple(n for n in attention.names() if n.startswith("LT_"))
 
 
+# One program per attention for the loss and its gradients, the same one in both tests below
+# (same config, same shapes: the second test compiles nothing new), and one optimizer update
+# for every attention (the parameters' shapes do not depend on it).
+_value_and_grad = jax.jit(jax.value_and_grad(loss_fn), static_argnums=3)
+_OPT = optax.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.1)
+
+
+@jax.jit
+def _update(grads, state, params):
+    updates, state = _OPT.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+
 def batch():
     tokens = jax.random.randint(
         jax.random.key(0), (2, BASE["block_size"] + 1), 0, BASE["vocab_size"]
@@ -28,19 +41,12 @@ def batch():
 def test_each_attention_trains_a_few_steps(name):
     cfg = ModelConfig(**BASE, attention=name)
     params = init_params(cfg, seed=0)
-    opt = optax.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.1)
-    state = opt.init(params)
+    state = _OPT.init(params)
     inputs, targets = batch()
-
-    @jax.jit
-    def step(params, state):
-        loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets, cfg)
-        updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
-
     losses = []
     for _ in range(8):
-        params, state, loss = step(params, state)
+        loss, grads = _value_and_grad(params, inputs, targets, cfg)
+        params, state = _update(grads, state, params)
         losses.append(float(loss))
     assert all(np.isfinite(losses)), losses
     assert losses[-1] < losses[0] - 0.1, losses
@@ -56,7 +62,7 @@ def test_formulations_of_one_function_give_the_same_model(family):
     for name, out in outs.items():
         assert rel_err(out, ref) < 1e-5, name
     grads = {
-        n: jax.grad(loss_fn)(params, inputs, inputs, ModelConfig(**BASE, attention=n))
+        n: _value_and_grad(params, inputs, inputs, ModelConfig(**BASE, attention=n))[1]
         for n in family
     }
     for name, g in grads.items():

@@ -7,6 +7,7 @@ errors, and the measured memory of ``LT_state_parallel``."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import jax
@@ -67,13 +68,25 @@ def reference(q, k, v, feature_map="softplus", eps=EPS, xp=np):
     return num / (den[..., None] + eps)
 
 
+@functools.cache
+def _reference_vjp_fn(feature_map: str, eps: float):
+    # Jitted once per map and eps (one program per shape): op by op, each einsum and its
+    # transposes were dispatched and compiled alone, ~4x the CPU time.
+    def vjp_of(q, k, v, dy):
+        _, vjp = jax.vjp(lambda q, k, v: reference(q, k, v, feature_map, eps, xp=jnp), q, k, v)
+        return vjp(dy)
+
+    return jax.jit(vjp_of)
+
+
 def reference_vjp(q, k, v, dy, feature_map="softplus", eps=EPS):
     """Gradients of ``sum(reference(q, k, v) * dy)`` w.r.t. q, k, v, in float64 (autodiff of the
     formula with x64 enabled only inside this function)."""
     with jax.enable_x64(True):
-        args = [jnp.asarray(np.asarray(x, np.float64)) for x in (q, k, v)]
-        _, vjp = jax.vjp(lambda q, k, v: reference(q, k, v, feature_map, eps, xp=jnp), *args)
-        return [np.asarray(g) for g in vjp(jnp.asarray(np.asarray(dy, np.float64)))]
+        args = [jnp.asarray(np.asarray(x, np.float64)) for x in (q, k, v, dy)]
+        grads = _reference_vjp_fn(feature_map, eps)(*args)
+        assert all(g.dtype == jnp.float64 for g in grads)
+        return [np.asarray(g) for g in grads]
 
 
 def inputs(shape, seed, dtype=np.float32):

@@ -269,7 +269,8 @@ def test_initial_state_and_final_state(kernel, shape, c):
             y, S, z = reference_with_state(*a[:5], EPS, xp=jnp)
             return jnp.sum(y * a[5]) + jnp.sum(S * a[6]) + jnp.sum(z * a[7]), (y, S, z)
 
-        grads64, outs64 = jax.grad(loss64, argnums=range(5), has_aux=True)(
+        # Jitted: op by op its einsums and their transposes were each compiled alone.
+        grads64, outs64 = jax.jit(jax.grad(loss64, argnums=range(5), has_aux=True))(
             *(jnp.asarray(np.asarray(x, np.float64)) for x in args)
         )
     for label, out, o, r in zip(("y", "S", "z"), outs, outs_o, outs64):
