@@ -134,6 +134,11 @@ def main(argv=None) -> int:
     costs = json.loads(path.read_text()) if path.exists() else {"meta": {}, "points": {}}
     if args.label and not args.no_compile:
         done = costs["points"].setdefault(args.label, {})
+        # Points compiled before points recorded their own commit keep their label's, which a
+        # point compiled now replaces.
+        before = costs["meta"].get("labels", {}).get(args.label, {}).get("environment", {})
+        for other in done.values():
+            other.setdefault("git_commit", before.get("git_commit"))
         for p in step_glue.POINTS:
             if (args.only and p.key not in args.only) or (p.key in done and not args.restart):
                 continue
@@ -150,10 +155,6 @@ def main(argv=None) -> int:
                 "environment": {**env, "device_kind": "NVIDIA H100 SXM (compiled for, deviceless)"},
                 "code": "this tree" if args.code is None else f"git archive of {args.commit}",
             }  # fmt: skip
-            # Points compiled before points recorded their own commit keep their label's.
-            before = costs["meta"].get("labels", {}).get(args.label, {})
-            for other in done.values():
-                other.setdefault("git_commit", before.get("environment", {}).get("git_commit"))
             labels = {**costs["meta"].get("labels", {}), args.label: label}
             # The file's provenance is the "after" program's (this tree's), each label's beside.
             costs["meta"] = {**labels.get("after", label), "labels": labels}

@@ -354,7 +354,8 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
         elif not tests_ok:
             why.append("a gpu test did not pass")
         verdict = f"**Keep `AUTO_PICKS_PALLAS` off**: {'; '.join(why)}."
-    beside = [_beside(raw.data["rows"], cand, v, (s.get("side_by_side") or {}).get(v, {}))
+    sets = s.get("side_by_side") or {}
+    beside = [_beside(raw.data["rows"], cand, v, sets.get(v, {}), sets.get(cand, {}))
               for v in others]  # fmt: skip
     steps = (s.get("rounds") or 0) * (s.get("repeats") or 0)
     sizes = ", ".join(dict.fromkeys(r["size"] for r in raw.data["rows"]))
@@ -372,12 +373,13 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
     ])  # fmt: skip
 
 
-def _beside(rows: list[dict[str, Any]], cand: str, v: str, options: dict[str, Any]) -> str:
+def _beside(rows: list[dict[str, Any]], cand: str, v: str, options: dict[str, Any],
+            cand_options: dict[str, Any]) -> str:  # fmt: skip
     """Setting ``v`` against the candidate at every point both timed (their medians' ratio):
     not part of the verdict on ``AUTO_PICKS_PALLAS`` (e.g. ``unrolled``, the candidate with
-    ``model.scan_layers: false``)."""
+    ``model.scan_layers: false``); the options named are those where ``v``'s differ."""
     changed = ", ".join(f"`model.{k}: {str(x).lower()}`" for k, x in options.items()
-                        if x != "pallas")  # fmt: skip
+                        if cand_options.get(k) != x)  # fmt: skip
     cells = []
     for r in rows:
         ms = r["median_ms"]

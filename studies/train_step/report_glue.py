@@ -8,6 +8,7 @@ targets read from the MODEL.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from studies.common.core import Raw, renderer
@@ -238,15 +239,9 @@ def _head(d: dict[str, Any]) -> list[str]:
     alts = d.get("head_alternatives", {})
     if not alts:
         return ["(not compiled: `benchmarks/step_glue.py --label fused_head --only KEY`)"]
-    labels = d["meta"]["costs"]
-
-    def commits(side: str, label: str) -> str:
-        # Each point's own commit where recorded, else its label's.
-        default = labels.get(label, {}).get("environment", {}).get("git_commit")
-        return ", ".join(sorted({short(a.get("commits", {}).get(side) or default)
-                                 for a in alts.values()}))  # fmt: skip
-
-    after, fused = commits("as_built", "after"), commits("fused", "fused_head")
+    after, fused = (_commit_list((a.get("commits", {}).get(side) for a in alts.values()), label,
+                                 d["meta"]["costs"])
+                    for side, label in (("as_built", "after"), ("fused", "fused_head")))  # fmt: skip
     lines = [
         "The head and loss as built (XLA's three GEMMs per chunk of `loss_chunk` tokens, the "
         'cross-entropy kernel between them: the "after" step) against the step with '
@@ -319,12 +314,17 @@ def _summary_switches(d: dict[str, Any]) -> str:
     return out
 
 
-def _commits(d: dict[str, Any], label: str, costs: dict[str, Any]) -> str:
-    """The commits ``label``'s points were compiled at (each point's own where recorded, else
-    the label's)."""
+def _commit_list(recorded: Iterable[str | None], label: str, costs: dict[str, Any]) -> str:
+    """The commits some of ``label``'s points were compiled at, short and sorted: each point's
+    own as ``recorded`` (None where the point predates per-point commits: then the label's)."""
     default = costs.get(label, {}).get("environment", {}).get("git_commit")
-    seen = {short(p[label].get("commit") or default) for p in d["points"].values() if label in p}
-    return ", ".join(sorted(seen)) or short(default)
+    return ", ".join(sorted({short(c or default) for c in recorded})) or short(default)
+
+
+def _commits(d: dict[str, Any], label: str, costs: dict[str, Any]) -> str:
+    """The commits ``label``'s points were compiled at."""
+    return _commit_list((p[label].get("commit") for p in d["points"].values() if label in p),
+                        label, costs)  # fmt: skip
 
 
 # The attention core at 1k: the sizes of the LT_chunked <= flash target, 124M beside them.
@@ -577,11 +577,8 @@ def _phi_grad_section(d: dict[str, Any], costs: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     # the commits of the points compared (a label's other points may be compiled later)
-    commit = {}
-    for k in ("unrolled", label):
-        default = costs.get(k, {}).get("environment", {}).get("git_commit")
-        commit[k] = ", ".join(sorted({short(d["points"][key][k].get("commit") or default)
-                                      for key in done}))  # fmt: skip
+    commit = {k: _commit_list((d["points"][key][k].get("commit") for key in done), k, costs)
+              for k in ("unrolled", label)}  # fmt: skip
     lines = [
         "## The feature map's phi' in the `LT_chunked` gradient kernels (compiled; MODEL ms)", "",
         f"**unrolled** as above (this tree at {commit['unrolled']}: phi applied by XLA before "
