@@ -139,7 +139,8 @@ def fla_rows(B, H, D, Ts, dtype_name, warmup, repeats):
                 torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t0)
             rows.append(dict(name="fla.chunk_linear_attn", kernel="fla", T=T, mode=mode,
-                             seconds=statistics.median(ts), status="ok", design=""))  # fmt: skip
+                             seconds=statistics.median(ts), tflops=None, status="ok",
+                             design=""))  # fmt: skip
     return rows, None
 
 
@@ -216,7 +217,8 @@ def table(result: dict) -> str:
             return "-"
         if r.get("seconds") is None:
             return r.get("status", "-")
-        v = r[key]
+        # flash-linear-attention's rows carry no FLOP rate (its own function, not ours counted).
+        v = r.get(key)
         return fmt.format(v * scale) if v is not None else "-"
 
     for (name, kernel, T), modes in by.items():

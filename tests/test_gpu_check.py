@@ -444,6 +444,28 @@ def test_the_glue_page_says_which_setting_won_and_by_how_much():
     assert "have not run on this device" in untested and "Keep `AUTO_PICKS_PALLAS` off" in untested
 
 
+def test_the_run_page_gives_the_glue_verdict_the_gpu_tests_too(tmp_path):
+    """The run's page (gpu_check_<dev>_measured.md) renders the glue block from the glue file
+    and the gpu tests' file, as the glue page does: with the glue file alone it said to keep
+    AUTO_PICKS_PALLAS off because the tests had not run, beside a tests table that had them."""
+    from studies.gpu_check import page
+
+    glue, tests = _glue_raw({"1024x1": 0.8}, ["passed"])
+    for raw in (glue, tests):
+        (tmp_path / raw.path).write_text(json.dumps(raw.data))
+    text = page.template(tmp_path, "h100")
+    assert "generated: gpu_check.glue glue_ab_h100_measured.json gpu_tests_h100_measured.json" in (
+        text
+    )
+    assert "generated: gpu_check.glue glue_ab_h100_measured.json gpu_tests_h100_measured.json" in (
+        page.glue_template(tmp_path, "h100")
+    )
+    (tmp_path / tests.path).unlink()
+    assert "generated: gpu_check.glue glue_ab_h100_measured.json -->" in page.template(
+        tmp_path, "h100"
+    )
+
+
 @SLOW
 def test_tiny_glue_unit_times_every_setting_side_by_side_and_renders_its_page(tmp_path):
     """The glue stage's CPU path on tiny shapes, as a window runs it: one process compiles the

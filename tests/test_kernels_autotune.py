@@ -124,6 +124,24 @@ def test_config_accepts_auto_and_ints():
 # The benchmark, end to end
 
 
+def test_bench_kernels_table_takes_rows_without_a_flop_rate():
+    """flash-linear-attention's rows (GPU only) have a time and no FLOP rate of ours: the table
+    shows a dash, as an H200 window's sweep needed (it measured, then failed on the table)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_kernels
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    ours = dict(name="LT_attention_parallel", kernel="pallas", T=4096, seconds=2e-4, tflops=250.0,
+                status="ok", design="pallas_tiled")  # fmt: skip
+    fla = dict(name="fla.chunk_linear_attn", kernel="fla", T=4096, seconds=1e-3, status="ok")
+    rows = [ours | {"mode": "fwd"}, ours | {"mode": "fwd+bwd"},
+            fla | {"mode": "fwd"}, fla | {"mode": "fwd+bwd"}]  # fmt: skip
+    table = bench_kernels.table({"rows": rows})
+    assert "| LT_attention_parallel | pallas (pallas_tiled) | 4096 | 0.200 | 250.000 |" in table
+    assert "| fla.chunk_linear_attn | fla | 4096 | 1.000 | - | 1.000 | - |" in table
+
+
 @SLOW
 def test_bench_kernels_tiny(tmp_path):
     out = subprocess.run(

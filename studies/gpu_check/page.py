@@ -21,7 +21,11 @@ BLOCKS = (
         "gpu_check.compile_ab",
         "Steps compiled here against steps compiled on the GPU",
     ),
-    ("glue_ab_{dev}_measured.json", "gpu_check.glue", "The glue kernels: pallas against xla"),
+    (
+        "glue_ab_{dev}_measured.json",
+        "gpu_check.glue",
+        "The glue kernels: pallas against xla",
+    ),
     ("gpu_tests_{dev}_measured.json", "gpu_check.tests", "GPU tests"),
     (
         "kernel_sweep_{dev}_measured.json",
@@ -46,8 +50,17 @@ def template(results: Path, dev: str) -> str:
     for raw, name, heading in BLOCKS:
         raw = raw.format(dev=dev)
         if (results / raw).is_file():
-            lines += ["", f"## {heading}", "", reports.block(name, raw)]
+            lines += ["", f"## {heading}", "", reports.block(name, *_raws(results, dev, name, raw))]
     return "\n".join(lines)
+
+
+def _raws(results: Path, dev: str, name: str, raw: str) -> list[str]:
+    """A block's raw files: the glue verdict also reads the glue kernels' gpu tests, once run
+    (without them it says to keep ``AUTO_PICKS_PALLAS`` off), on this page as on its own."""
+    tests = f"gpu_tests_{dev}_measured.json"
+    if name == "gpu_check.glue" and (results / tests).is_file():
+        return [raw, tests]
+    return [raw]
 
 
 def write(results: Path, dev: str) -> Path:
@@ -63,9 +76,7 @@ def glue_template(results: Path, dev: str) -> str:
     """``glue_ab_<dev>_measured.md``: what decides ``kernels/choice.py``'s ``AUTO_PICKS_PALLAS``,
     the step timed with the glue kernels at pallas beside xla and, once they have run, the
     kernels' gpu tests."""
-    raws = [f"glue_ab_{dev}_measured.json"]
-    if (results / f"gpu_tests_{dev}_measured.json").is_file():
-        raws.append(f"gpu_tests_{dev}_measured.json")
+    raws = _raws(results, dev, "gpu_check.glue", f"glue_ab_{dev}_measured.json")
     return "\n".join([
         f"# The glue kernels on {dev}: the step at `pallas` beside `xla` (measured)", "",
         "Written by `scripts/gpu_check.py` (`make gpu-check`'s glue stage; `make gpu-unpack` "
