@@ -342,14 +342,16 @@ def test_model_with_the_fused_kernels_equals_the_xla_model():
 
 
 def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100(caplog, monkeypatch):
-    """auto keeps XLA's program until a GPU has run the kernels (``AUTO_PICKS_PALLAS``); then
-    it follows the target being compiled for, not the process's backend; on CPU the default
+    """auto follows the target being compiled for, not the process's backend (``AUTO_PICKS_PALLAS``
+    on, since a GPU ran and timed the kernels; off, it is xla everywhere); on CPU the default
     step is the program of before (its lowered text equals the one with every glue kernel set
     to xla)."""
+    assert choice.AUTO_PICKS_PALLAS
     assert choice.resolve("auto") == "xla" and choice.resolve("pallas") == "pallas"
-    with jax.sharding.use_abstract_mesh(target.mesh("h100").abstract_mesh):
-        assert not choice.AUTO_PICKS_PALLAS and choice.resolve("auto", "model.x_kernel") == "xla"
-    monkeypatch.setattr(choice, "AUTO_PICKS_PALLAS", True)
+    with monkeypatch.context() as off:
+        off.setattr(choice, "AUTO_PICKS_PALLAS", False)
+        with jax.sharding.use_abstract_mesh(target.mesh("h100").abstract_mesh):
+            assert choice.resolve("auto", "model.x_kernel") == "xla"
     assert choice.resolve("auto") == "xla"
     choice._NOTED.discard("model.test_kernel")
     with (

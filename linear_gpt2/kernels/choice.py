@@ -1,13 +1,13 @@
 """``auto`` for the kernels of the step's glue (``model.layernorm_kernel``, ``mlp_kernel``,
 ``loss_kernel``, ``bias_kernel``).
 
-``auto`` is XLA's plain program everywhere until a GPU has run these kernels: their oracles are
-checked in interpret mode and they compile for the H100 without spills, but no GPU has yet
-executed them or timed them against XLA (``make gpu-check``'s gpu tests and step units do). Then
-:data:`AUTO_PICKS_PALLAS` turns on the kernels' one rule (:func:`linear_gpt2.kernels.
-resolve_kernel`): ``pallas`` when the program is traced for a GPU (the target's devices, not the
-process's backend), ``xla`` elsewhere. ``pallas`` asks for them now. A pick of the Pallas kernel
-by ``auto`` is logged once per option on the kernels' choices logger (``kernels.CHOICES``)."""
+``auto`` follows the kernels' one rule (:func:`linear_gpt2.kernels.resolve_kernel`): ``pallas``
+when the program is traced for a GPU (the target's devices, not the process's backend), ``xla``
+elsewhere, so the CPU program is XLA's, byte for byte. :data:`AUTO_PICKS_PALLAS` held ``auto`` at
+``xla`` until a GPU had run the kernels' gpu tests and timed the step with them against XLA's
+(``make gpu-check``'s glue stage; its page, ``benchmarks/results/glue_ab_<device>_measured.md``,
+gives the verdict). A pick of the Pallas kernel by ``auto`` is logged once per option on the
+kernels' choices logger (``kernels.CHOICES``)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ KERNELS = ("auto", "xla", "pallas")
 # the logits (kernels/head_loss/). Only by name: auto does not pick it (no GPU has timed it).
 FUSED_HEAD = "pallas_fused"
 LOSS_KERNELS = (*KERNELS, FUSED_HEAD)
-# Off until a GPU has run the glue kernels' gpu tests and timed them against XLA (module doc).
-AUTO_PICKS_PALLAS = False
+# On since a GPU ran the glue kernels' gpu tests and the step with them beat XLA's at every
+# point timed (benchmarks/results/glue_ab_h200_measured.md); False puts auto back on xla.
+AUTO_PICKS_PALLAS = True
 _NOTED: set[str] = set()
 
 
