@@ -16,10 +16,13 @@ flash-linear-attention, and one context compiled on the GPU against the loaded s
 the gpu tests, the larger sizes at 1k, ``LT_attention_parallel``'s kernels, sampling, the
 memory check, the MQAR cell, the context grid, and what was measured once before.
 
-``--window next`` (the default) runs the first window with a unit not done in the run folder
-(``runs/gpu_check/<device>/``; carry ``runs/gpu_check`` to resume on a fresh machine), or
-``--window N``. A unit that finished is not run again; one whose estimate would end past the
-time limit is not started; one still running at the limit is stopped and left undone. After
+The windows are cut from the units not yet done in the run folder (``runs/gpu_check/<device>/``;
+carry ``runs/gpu_check`` to resume on a fresh machine, after ``make gpu-unpack`` of every archive
+so far: the carried folder replaces the machine's), so every command is filled with work:
+``--window next`` (the default, window 1 of what is left) or ``--window N``. A unit that
+finished is not run again (one that failed, only with ``--retry-failed``); one whose estimate
+would end past the time limit is not started; one still running at the limit is stopped and
+left undone. After
 every unit the results are merged into ``--results`` (``*_<device>_measured.*``) and, with
 ``--pack``, packed into one archive: a window stopped early still returns what it measured.
 ``<device>`` is ``h100`` or ``h200``: an H200's figures go to files of their own.
@@ -94,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     t0 = time.monotonic()
     from linear_gpt2.platform.provenance import REPO
-    from studies.gpu_check import host, runner, stages
-    from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
+    from studies.gpu_check import host, stages
 
     args = parse_args(argv)
     if args.unpack:
@@ -112,10 +114,9 @@ def _main(argv: list[str]) -> int:
     target = "cpu" if args.tiny else "h100"
     store = args.store or REPO / host.RUNS / "compiled" / target
     plan = stages.build(args.results, tiny=args.tiny, store=store).select(args.only, args.skip)
-    wins = windows(plan, args.time_limit or WINDOW_LIMIT_S)
     if args.dry_run or args.compile_here:
         run_dir = args.run_dir or REPO / host.RUNS / plan.device
-        done = runner.done_units(run_dir, plan)
+        done, wins = _windows_left(args, plan, run_dir)
         if args.compile_here:
             return compile_here(args, plan, wins, done, store, target)
         print(_dry_run(plan, wins, done, args.results, run_dir))
@@ -125,15 +126,29 @@ def _main(argv: list[str]) -> int:
     dev = host.device_label(env)
     run_dir = args.run_dir or REPO / host.RUNS / dev
     host.write_environment(run_dir, env)
-    done = runner.done_units(run_dir, plan)
+    done, wins = _windows_left(args, plan, run_dir)
     window = _pick(wins, done, args.window)
     if window is None:
-        print(f"every window of the plan is done in {run_dir}")
+        print(f"every unit of the plan is done in {run_dir}")
         return 0
     print(f"window {window.number} of {len(wins)} on {env.get('device_kind')} ({dev}) | jax "
           f"{env.get('jax_version')} | commit {env.get('git_commit')} | estimated "
           f"{window.seconds:.0f} s of {window.limit_s:.0f} | run folder {run_dir}")  # fmt: skip
     return _run_window(args, plan, window, run_dir, env, dev, store, target, t0)
+
+
+def _windows_left(args, plan, run_dir: Path):
+    """The units done in ``run_dir`` and the windows cut from the rest (a failed unit counts as
+    done unless ``--retry-failed``): window 1 is always the next, and it is full."""
+    from studies.gpu_check import runner
+    from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
+
+    done = runner.done_units(run_dir, plan)
+    return done, windows(plan.without(_finished(args, done)), args.time_limit or WINDOW_LIMIT_S)
+
+
+def _finished(args, done) -> list:
+    return [k for k, d in done.items() if not (args.retry_failed and d.get("status") != "ok")]
 
 
 def _pick(wins, done, which: str):
@@ -238,7 +253,7 @@ def compile_here(args, plan, wins, done, store_dir: Path, target: str) -> int:
                          "compiled (and keyed) with flags the GPU's units do not have; unset it")  # fmt: skip
     window = _pick(wins, done, args.window)
     if window is None:
-        print("every window is done: nothing to compile")
+        print("every unit is done: nothing to compile")
         return 0
     if not args.tiny:
         host.record_commit()
@@ -265,7 +280,7 @@ def compile_here(args, plan, wins, done, store_dir: Path, target: str) -> int:
         entries += compiled.compile_units(store, units, target, budget,
                                           dtype="float32" if args.tiny else "bfloat16",
                                           report=report)  # fmt: skip
-        window = _replan(args, store_dir, window.number)
+        window = _replan(args, store_dir, window.number, done)
     entries = [{**e, "window": window.number} for e in entries]
     code = compiled.code_fingerprint()
     entries += [{**e, "key": k} for k, e in store.index().items()
@@ -309,12 +324,14 @@ def plan_known(args, store_dir: Path):
     return Known(args.results, "tiny_cpu" if args.tiny else "h100", store=store_dir)
 
 
-def _replan(args, store_dir: Path, number: int):
+def _replan(args, store_dir: Path, number: int, done):
     from studies.gpu_check import stages
     from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
 
     plan = stages.build(args.results, tiny=args.tiny, store=store_dir).select(args.only, args.skip)
-    return windows(plan, args.time_limit or WINDOW_LIMIT_S)[number - 1]
+    return windows(plan.without(_finished(args, done)), args.time_limit or WINDOW_LIMIT_S)[
+        number - 1
+    ]
 
 
 def bundle_text(store_dir: Path) -> str:

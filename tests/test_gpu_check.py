@@ -74,6 +74,15 @@ def test_windows_fit_their_limit_and_window_one_is_the_headline(tmp_path):
     assert [k for w in short for k in w.keys()][: len(HEADLINE)] == HEADLINE
     assert max(len(w.items) for w in short) < max(len(w.items) for w in wins)
     _first_window_decides_the_glue_kernels(wins[0])
+    # With most of window 1 done, what is left of it opens the next window, filled with the
+    # following units up to the limit (not a short command of its remains).
+    done = wins[0].keys()[:-2]
+    left = plan.windows(p.without(done), plan.WINDOW_LIMIT_S)
+    assert left[0].keys()[:2] == wins[0].keys()[-2:]
+    assert wins[1].keys()[0] in left[0].keys() and not set(done) & {
+        k for w in left for k in w.keys()
+    }
+    assert all(w.seconds <= plan.WINDOW_LIMIT_S for w in left)
 
 
 def test_dry_run_prints_the_windows_and_the_last_one_run(tmp_path):
@@ -248,14 +257,19 @@ def test_tiny_window_compiled_here_run_packed_resumed_and_unpacked(tmp_path):
     # Cut short before step/tiny_128 finished: only it runs again.
     kept = {k: (run / k[0] / k[1] / runner.DONE).stat().st_mtime_ns for k in w1.keys()}
     (run / "step" / "tiny_128" / runner.DONE).unlink()
-    again = run_script(*common, "--window", "next", "--no-progress")
+    # The windows are cut from what is left: window 1 is now step/tiny_128 and what follows it
+    # (the step stage alone here, to keep the test short), never a finished unit.
+    dry = run_script(*common, "--dry-run")
+    assert "4 units done in the run folder, not listed" in dry.stdout, dry.stdout[:2000]
+    assert re.search(r"^window 1: .*<- next\n.*\n  step/tiny_128 ", dry.stdout, re.M), dry.stdout
+    again = run_script(*common, "--only", "step", "--window", "next", "--no-progress")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert re.findall(r"^(\S+): ok in", again.stdout, re.M) == ["step/tiny_128"], again.stdout
     for k, mtime in kept.items():
         if k != ("step", "tiny_128"):
             assert (run / k[0] / k[1] / runner.DONE).stat().st_mtime_ns == mtime, k
     nothing = run_script(*common, "--window", "next", "--stop-after", "1", "--no-progress")
-    assert "window 2 of" in nothing.stdout and "stopped at the time limit" in nothing.stdout
+    assert "window 1 of" in nothing.stdout and "stopped at the time limit" in nothing.stdout
 
     # Back here, into other folders.
     back_res, back_runs = tmp_path / "back_res", tmp_path / "back_runs"

@@ -211,6 +211,14 @@ class Plan:
         kept = [s for s in self.stages if (not only or hit(s, only)) and not hit(s, skip)]
         return dataclasses.replace(self, stages=tuple(kept))
 
+    def without(self, keys: Iterable[tuple[str, str]]) -> Plan:
+        """The plan less the units ``keys`` (``(stage, unit)``; those done): the windows are cut
+        from what is left, so a device command is filled with work, not with finished units."""
+        drop = set(keys)
+        stages = [dataclasses.replace(s, units=tuple(u for u in s.units if (s.name, u.name)
+                                                     not in drop)) for s in self.stages]  # fmt: skip
+        return dataclasses.replace(self, stages=tuple(s for s in stages if s.units))
+
     def _check_names(self, names: Sequence[str]) -> None:
         from linear_gpt2.platform.errors import UsageError
 
@@ -330,6 +338,11 @@ def dry_run_text(
             f"{last.get('estimate_s', 0):.0f} s, took {last.get('seconds', 0):.0f} s "
             f"({last.get('units_done', '?')} of {last.get('units', '?')} units done)"
         )
+    listed = {k for w in wins for k in w.keys()}
+    off = [k for k in done if k not in listed]
+    if off:
+        lines.append(f"{len(off)} units done in the run folder, not listed: the windows are cut "
+                     "from the rest")  # fmt: skip
     nxt = next_window(wins, done) if done else (wins[0] if wins else None)
     used: set[str] = set()
     for w in wins:
