@@ -20,7 +20,8 @@ The windows are cut from the units not yet done in the run folder (``runs/gpu_ch
 carry ``runs/gpu_check`` to resume on a fresh machine, after ``make gpu-unpack`` of every archive
 so far: the carried folder replaces the machine's), so every command is filled with work:
 ``--window next`` (the default, window 1 of what is left) or ``--window N``. A unit that
-finished is not run again (one that failed, only with ``--retry-failed``); one whose estimate
+finished is not run again (one that failed at this commit, only with ``--retry-failed``; one
+that failed at an earlier commit is run again); one whose estimate
 would end past the time limit is not started; one still running at the limit is stopped and
 left undone. After
 every unit the results are merged into ``--results`` (``*_<device>_measured.*``) and, with
@@ -138,8 +139,9 @@ def _main(argv: list[str]) -> int:
 
 
 def _windows_left(args, plan, run_dir: Path):
-    """The units done in ``run_dir`` and the windows cut from the rest (a failed unit counts as
-    done unless ``--retry-failed``): window 1 is always the next, and it is full."""
+    """The units done in ``run_dir`` and the windows cut from the rest (a unit that failed at
+    this commit counts as done unless ``--retry-failed``; ``runner.settled``): window 1 is
+    always the next, and it is full."""
     from studies.gpu_check import runner
     from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
 
@@ -148,15 +150,18 @@ def _windows_left(args, plan, run_dir: Path):
 
 
 def _finished(args, done) -> list:
-    return [k for k, d in done.items() if not (args.retry_failed and d.get("status") != "ok")]
+    from linear_gpt2.platform.provenance import git_commit
+    from studies.gpu_check import runner
+
+    commit = git_commit()
+    return [k for k, d in done.items() if runner.settled(d, args.retry_failed, commit)]
 
 
 def _pick(wins, done, which: str):
     from linear_gpt2.platform.errors import UsageError
-    from studies.gpu_check.plan import next_window
 
-    if which == "next":
-        return next_window(wins, done)
+    if which == "next":  # the windows are cut from what is left: the first is the next
+        return wins[0] if wins else None
     n = int(which)
     if not 1 <= n <= len(wins):
         raise UsageError(f"--window {n}: the plan has windows 1 to {len(wins)} at this time "

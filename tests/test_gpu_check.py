@@ -85,6 +85,17 @@ def test_windows_fit_their_limit_and_window_one_is_the_headline(tmp_path):
     assert all(w.seconds <= plan.WINDOW_LIMIT_S for w in left)
 
 
+def test_a_unit_that_failed_at_an_earlier_commit_runs_again():
+    """A failure is not retried at the commit it happened at (it would spend the GPU's minutes
+    again), but a new commit may be its fix; a record without a commit is retried too."""
+    ok, failed = {"status": "ok"}, {"status": "failed", "git_commit": "abc"}
+    assert runner.settled(ok, commit="def") and not runner.settled(None, commit="abc")
+    assert runner.settled(failed, commit="abc") and runner.settled(failed, commit="abc+dirty")
+    assert not runner.settled(failed, commit="def")
+    assert not runner.settled(failed, retry_failed=True, commit="abc")
+    assert not runner.settled({"status": "failed"}, commit="abc")
+
+
 def test_dry_run_prints_the_windows_and_the_last_one_run(tmp_path):
     res = tmp_path / "res"
     shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("*.png"))

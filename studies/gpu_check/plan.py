@@ -307,14 +307,6 @@ def windows(plan: Plan, limit_s: float = WINDOW_LIMIT_S) -> list[Window]:
     return out
 
 
-def next_window(wins: Sequence[Window], done: dict[tuple[str, str], object]) -> Window | None:
-    """The first window with a unit not done (a failed unit counts as done: not run again)."""
-    for w in wins:
-        if any(k not in done for k in w.keys()):
-            return w
-    return None
-
-
 def dry_run_text(
     plan: Plan,
     wins: Sequence[Window],
@@ -343,19 +335,19 @@ def dry_run_text(
     if off:
         lines.append(f"{len(off)} units done in the run folder, not listed: the windows are cut "
                      "from the rest")  # fmt: skip
-    nxt = next_window(wins, done) if done else (wins[0] if wins else None)
+    nxt = wins[0] if wins else None  # the windows are cut from what is left to run
     used: set[str] = set()
     for w in wins:
-        n_done = sum(k in done for k in w.keys())
+        n_again = sum(k in done for k in w.keys())  # failed before: listed to run again
         flag = "" if w.seconds <= w.limit_s else "  OVER the limit"
         mark = "  <- next" if nxt is not None and w.number == nxt.number else ""
         lines += ["", f"window {w.number}: estimated {w.seconds:.0f} s of {w.limit_s:.0f}"
-                  f"{flag} ({len(w.items)} units{f', {n_done} done' if n_done else ''}){mark}",
+                  f"{flag} ({len(w.items)} units{f', {n_again} failed before' if n_again else ''}){mark}",
                   f"  start {w.start_s:5.0f} s  the wheels installed, the device probed"]  # fmt: skip
         for b in w.start:
             used.add(b.basis.removeprefix("assumption: "))
         for s, u in w.items:
-            tags = [t for t, on in (("done", (s.name, u.name) in done),
+            tags = [t for t, on in (("failed before: runs again", (s.name, u.name) in done),
                                     ("compiled here", (s.name, u.name) in loaded)) if on]  # fmt: skip
             side = f", {s.concurrent} side by side" if s.concurrent > 1 else ""
             name = f"{s.name}/{u.name}"

@@ -2,8 +2,9 @@
 
 The run folder (``runs/gpu_check/<device>/`` by default) holds ``<stage>/<unit>/``: the unit's
 output, its log and ``done.json`` (exit code, seconds, when). A unit with ``done.json`` is done
-and is not run again, also when it failed (a failure that repeats would spend the GPU's time
-again; ``--retry-failed`` runs failed units again). So a run that stopped, at a time limit, a
+and is not run again, also when it failed at this commit (a failure that repeats would spend
+the GPU's time again; ``--retry-failed`` runs failed units again); one that failed at another
+commit (or one not recorded) runs again, since a fix lands as a new commit. So a run that stopped, at a time limit, a
 crash or the machine going back, resumes where it stopped when the same command runs again
 over the same folder (on a fresh machine: carry the folder).
 
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from linear_gpt2.platform.provenance import REPO
+from linear_gpt2.platform.provenance import REPO, git_commit
 from studies.gpu_check.plan import Plan, Stage, Unit
 
 DONE = "done.json"
@@ -135,8 +136,7 @@ class Runner:
     def todo(self, stage: Stage) -> list[Unit]:
         out = []
         for u in stage.units:
-            d = read_done(self.run_dir, stage.name, u.name)
-            if d is None or (self.retry_failed and d.get("status") != "ok"):
+            if not settled(read_done(self.run_dir, stage.name, u.name), self.retry_failed):
                 out.append(u)
         return out
 
@@ -242,10 +242,26 @@ class Runner:
             "seconds": round(seconds, 3), "estimate_s": round(unit.seconds, 3),
             "argv": list(unit.argv), "work": unit.work,
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "git_commit": git_commit(),
         }  # fmt: skip
         out = unit_dir(self.run_dir, stage.name, unit.name)
         (out / DONE).write_text(json.dumps(record, indent=1) + "\n")
         return Outcome(stage.name, unit.name, status, seconds, unit.seconds, rc)
+
+
+def settled(done: dict | None, retry_failed: bool = False, commit: str | None = None) -> bool:
+    """Whether a unit with record ``done`` (its ``done.json``, None when it has none) is not to
+    run again: it finished ok, or it failed at this commit (``commit``, default the tree's;
+    ``+dirty`` aside) and ``retry_failed`` is off."""
+    if done is None:
+        return False
+    if done.get("status") == "ok":
+        return True
+    if retry_failed:
+        return False
+    commit = git_commit() if commit is None else commit
+    base = (done.get("git_commit") or "").removesuffix("+dirty")
+    return bool(base) and base == (commit or "").removesuffix("+dirty")
 
 
 def log_tail(run_dir: Path, stage: str, unit: str, lines: int = 3) -> str:
