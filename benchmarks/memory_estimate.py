@@ -39,6 +39,14 @@ FRESH = (
 )  # fmt: skip
 
 
+# The step's glue kernels as every raw file compiled before ``auto`` took them on a GPU
+# (kernels/choice.py: AUTO_PICKS_PALLAS) had them: XLA's. Those points are estimated with the
+# glue pinned to it, so each estimate is of the program that was compiled; the fresh points,
+# compiled at this commit, are estimated as configured.
+XLA_GLUE = {"layernorm_kernel": "xla", "mlp_kernel": "xla", "loss_kernel": "xla",
+            "bias_kernel": "xla"}  # fmt: skip
+
+
 def parse_label(label: str) -> dict:
     """``"loss_chunk=4096 remat=dots"`` -> ``{"loss_chunk": 4096, "remat": "dots"}``."""
     out = dict(w.split("=") for w in label.split())
@@ -63,7 +71,13 @@ def run_config(file: str, overrides=(), target: str = "h100x8"):
 
 def points(results: Path):
     """(group, source file, its commit, point name, target, model config, StepShape, compiled
-    bytes) for every compiled candidate the raw files record."""
+    bytes) for every compiled candidate the raw files record (their glue at XLA's:
+    :data:`XLA_GLUE`)."""
+    for group, source, commit, point, tgt, m, shape, compiled in _points(results):
+        yield group, source, commit, point, tgt, m.replace(**XLA_GLUE), shape, compiled
+
+
+def _points(results: Path):
     from linear_gpt2.training.memory_plan import StepShape
     from studies.train_step.step_time import model_config
 
@@ -122,7 +136,8 @@ def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict, rows: list[d
     m = m.replace(remat="auto", loss_chunk="auto")
     known = {f["setting"]: f["compiled_bytes"] for k, f in fresh.items()
              if k.startswith(f"{name}: ")}  # fmt: skip
-    if not overrides:  # the config as shipped: its compiles in the raw files
+    if not overrides:  # the config as shipped: its compiles in the raw files (XLA's glue)
+        m = m.replace(**XLA_GLUE)
         known.update({r["setting"]: r["compiled_bytes"] for r in rows if r["point"] == file})
     estimates = {}
 
