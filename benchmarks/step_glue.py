@@ -20,7 +20,9 @@ one here.
 ``--code DIR`` compiles in a subprocess that imports ``linear_gpt2`` from DIR (e.g. ``git
 archive <commit> | tar -x -C DIR``): the "before" program is main's own. The programs' costs are
 cached per label and point in ``step_glue_h100_costs_compiled.json`` (resumable); the priced
-summary is ``step_glue_h100_model.json``, rendered to ``step_glue_h100_model.md``.
+summary is ``step_glue_h100_model.json``, rendered to ``step_glue_h100_model.md`` with, for each
+glue A/B a lent GPU measured (``glue_ab_<card>_measured.json``), the MODEL priced on that card
+beside it (``studies/train_step/report_model_vs_gpu.py``).
 """
 
 from __future__ import annotations
@@ -171,9 +173,20 @@ def main(argv=None) -> int:
     (args.out / f"{STEM}.json").write_text(json.dumps(result, indent=1) + "\n")
     from studies import common as reports
 
-    md = reports.page(args.out / f"{STEM}.md", reports.block("step_glue.page", f"{STEM}.json"))
+    md = reports.page(args.out / f"{STEM}.md", page_template(args.out))
     print(f"wrote {args.out / f'{STEM}.json'}, {md}")
     return 0
+
+
+def page_template(out: Path = RESULTS) -> str:
+    """The page's blocks: the priced summary, then the MODEL beside each glue A/B a lent GPU
+    measured (``glue_ab_<card>_measured.json``, ``step_glue.vs_gpu``)."""
+    from studies import common as reports
+
+    blocks = [reports.block("step_glue.page", f"{STEM}.json")]
+    blocks += [reports.block("step_glue.vs_gpu", COSTS, f"{STEM}.json", ab.name)
+               for ab in sorted(out.glob("glue_ab_*_measured.json"))]  # fmt: skip
+    return "\n".join(blocks)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,11 @@ sequence):
 The six fitted numbers (:data:`FITTED`) are fitted to the measured step times by least squares
 on the logarithm of the ratio (:func:`fit`); everything else is read from the compiled program or
 is an H100 datasheet constant.
+
+The peaks the fractions are of are fields of :class:`Params` too, not fitted (the H100's by
+default): :meth:`Params.on` prices the same compiled rows at the same fitted fractions on another
+card's datasheet peaks (the H200's, whose glue A/B ``report_model_vs_gpu.py`` checks the MODEL
+against). That is a MODEL of a MODEL: the fractions were fitted on the H100.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from linear_gpt2.kernels.lt_chunked import cost as lt_cost
-from linear_gpt2.platform.cards import H100
+from linear_gpt2.platform.cards import H100, Card
 
 PEAK_FLOPS = H100.peak_bf16_flops
 PEAK_BYTES = H100.hbm_bytes_per_s
@@ -50,7 +55,8 @@ _MEMORY_KINDS = {"memory", "copy", "other"}
 @dataclasses.dataclass(frozen=True)
 class Params:
     """Achieved fractions of the H100's peaks per op class, and the overhead per launch (the
-    defaults: the fit's starting point)."""
+    defaults: the fit's starting point); the peaks they are fractions of (not fitted: the H100's
+    unless :meth:`on` another card)."""
 
     matmul: float = 0.6
     fmha: float = 0.4  # cuDNN's flash attention
@@ -59,6 +65,26 @@ class Params:
     reduction: float = 0.5
     launch_us: float = H100.launch_seconds * 1e6
     host_bytes_per_s: float = HOST_BYTES_PER_S
+    peak_flops: float = PEAK_FLOPS
+    peak_bytes: float = PEAK_BYTES
+
+    def on(self, card: Card) -> Params:
+        """The same fitted fractions priced on ``card``'s datasheet peaks (dense bf16 FLOP/s,
+        HBM bytes/s). The launch overhead stays this one's (the H100's fit: no other card's is
+        measured), the host bandwidth too where the card records none; the Pallas kernels' SM
+        shares are over the kernel cost model's SMs, so a card with another count is refused
+        rather than priced wrong."""
+        if not card.hbm_bytes_per_s:
+            raise ValueError(f"{card.name}: no HBM bandwidth in cards.py; add its datasheet figure")
+        if card.sms != lt_cost.SMS:
+            raise ValueError(f"{card.name}: {card.sms} SMs, the kernel cost model prices "
+                             f"{lt_cost.SMS}; price Pallas launches over its SMs first")  # fmt: skip
+        return dataclasses.replace(
+            self,
+            peak_flops=card.peak_bf16_flops,
+            peak_bytes=card.hbm_bytes_per_s,
+            host_bytes_per_s=card.host_bytes_per_s or self.host_bytes_per_s,
+        )
 
     def vector(self) -> list[float]:
         return [getattr(self, k) for k in FITTED]
@@ -80,17 +106,21 @@ def pallas_seconds(row: dict[str, Any], compute: float, memory: float) -> float:
 def row_seconds(row: dict[str, Any], p: Params) -> float:
     """Modelled seconds of one run of a cost row's launch, without the launch overhead."""
     kind, f, b = row["kind"], row["flops"], row["bytes"]
+    P, W = p.peak_flops, p.peak_bytes
     if kind == "matmul":
-        return max(f / (p.matmul * PEAK_FLOPS), b / (p.memory * PEAK_BYTES))
+        return max(f / (p.matmul * P), b / (p.memory * W))
     if kind == "fmha":
-        return max(f / (p.fmha * PEAK_FLOPS), b / (p.memory * PEAK_BYTES))
+        return max(f / (p.fmha * P), b / (p.memory * W))
     if kind == "kernel":
-        return pallas_seconds(row, p.kernel, p.memory)
+        # The kernel cost model prices at the H100's peaks: another card's are its fractions
+        # scaled (by exactly 1 on the H100, so its prices are unchanged to the bit).
+        return pallas_seconds(row, p.kernel * (P / lt_cost.PEAK_FLOPS),
+                              p.memory * (W / lt_cost.PEAK_BYTES))  # fmt: skip
     if kind == "host":
         return b / p.host_bytes_per_s
     if row.get("fusion") == "input":
-        return b / (p.reduction * PEAK_BYTES)
-    return b / (p.memory * PEAK_BYTES)
+        return b / (p.reduction * W)
+    return b / (p.memory * W)
 
 
 def class_of(row: dict[str, Any]) -> str:
