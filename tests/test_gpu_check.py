@@ -193,7 +193,17 @@ def test_profile_parses_device_ops_and_their_shares(tmp_path):
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
         {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/device:GPU:0"}},
         {"ph": "X", "pid": 1, "name": "PjitFunction(step)", "ts": 0, "dur": 900.0},
-        *({"ph": "X", "pid": 2, "name": "gemm", "ts": i, "dur": 300.0} for i in range(4)),
+        *(
+            {
+                "ph": "X",
+                "pid": 2,
+                "name": "gemm",
+                "ts": i,
+                "dur": 300.0,
+                "args": {"hlo_op": "dot.7"},
+            }
+            for i in range(4)
+        ),  # fmt: skip
         *({"ph": "X", "pid": 2, "name": "flash_fwd", "ts": i, "dur": 100.0} for i in range(4)),
     ]
     path = tmp_path / "perfetto_trace.json.gz"
@@ -204,6 +214,24 @@ def test_profile_parses_device_ops_and_their_shares(tmp_path):
     assert [(o["name"], o["count"], o["share"]) for o in p["top"]] == [
         ("gemm", 2, pytest.approx(0.75)), ("flash_fwd", 2, pytest.approx(0.25))
     ]  # fmt: skip
+    # Every op, with the instruction the trace names, to set beside the MODEL's price of it.
+    assert [(o["name"], o["hlo_op"]) for o in p["ops"]] == [("gemm", "dot.7"), ("flash_fwd", None)]
+
+
+def test_profile_keeps_the_program_it_traced_when_it_can_print_it(tmp_path):
+    class Printable:
+        def as_text(self):
+            return "HloModule step"
+
+    class Loaded:  # an executable loaded from a store prints nothing
+        def as_text(self):
+            raise RuntimeError("no HLO")
+
+    path = tmp_path / "step.hlo.txt.gz"
+    assert profile._save_program(Printable(), path) == "step.hlo.txt.gz"
+    assert gzip.open(path, "rt").read() == "HloModule step"
+    assert profile._save_program(Loaded(), tmp_path / "x.gz") is None
+    assert not (tmp_path / "x.gz").exists()
 
 
 def _page_is_rendered(path: Path) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 TOP = 15
+# The step's glue kernel options (auto resolves them per target: recorded as configured).
+GLUE_OPTIONS = ("layernorm_kernel", "mlp_kernel", "loss_kernel", "bias_kernel")
 
 
 def parse_trace(path: Path, steps: int, top: int = TOP) -> dict[str, Any]:
@@ -29,6 +31,7 @@ def parse_trace(path: Path, steps: int, top: int = TOP) -> dict[str, Any]:
              if e.get("ph") == "M" and e.get("name") == "process_name"}  # fmt: skip
     device = {pid for pid, n in names.items() if n.startswith("/device:GPU")}
     ops: dict[str, list[float]] = {}
+    hlo: dict[str, str] = {}
     for e in events:
         if e.get("ph") != "X" or "dur" not in e:
             continue
@@ -38,21 +41,38 @@ def parse_trace(path: Path, steps: int, top: int = TOP) -> dict[str, Any]:
         elif e["name"].startswith("$") or "::" in e["name"] or e["name"].startswith("end: "):
             continue  # the host's Python and runtime frames: not ops
         ops.setdefault(e["name"], []).append(float(e["dur"]) / 1e3)  # us -> ms
+        op = (e.get("args") or {}).get("hlo_op")
+        if op:  # the compiled program's instruction: joins the op to its cost row
+            hlo[e["name"]] = op
     total = sum(sum(v) for v in ops.values())
-    ranked = sorted(ops.items(), key=lambda kv: -sum(kv[1]))[:top]
+
+    def row(n: str, v: list[float]) -> dict[str, Any]:
+        return {"name": n, "count": len(v) / steps, "ms": sum(v) / steps,
+                "share": sum(v) / total if total else 0.0, "hlo_op": hlo.get(n)}  # fmt: skip
+
+    ranked = sorted(ops.items(), key=lambda kv: -sum(kv[1]))
     return {
         "where": "GPU" if device else "host (no device streams: a CPU)",
         "device_ms": total / steps,
-        "top": [
-            {
-                "name": n,
-                "count": len(v) / steps,
-                "ms": sum(v) / steps,
-                "share": sum(v) / total if total else 0.0,
-            }
-            for n, v in ranked
-        ],  # fmt: skip
+        "top": [row(n, v) for n, v in ranked[:top]],
+        # Every op, so that the time can be set beside the step-time MODEL's price of the same
+        # instruction (the compiled program travels beside it: step.hlo.txt.gz).
+        "ops": [row(n, v) for n, v in ranked],
     }
+
+
+def _save_program(compiled, path: Path) -> str | None:
+    """The compiled program's HLO text beside the trace (gzip), its file name; None when the
+    executable cannot print it (one loaded from a store)."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001 - a profile without its program is still a profile
+        return None
+    if not text:
+        return None
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+    return path.name
 
 
 def measure(attention: str, size: str, context: int, warmup: int, steps: int, out: Path) -> dict:
@@ -64,6 +84,7 @@ def measure(attention: str, size: str, context: int, warmup: int, steps: int, ou
 
     cfg = bench.model_config(size, attention, context)
     compiled, tx, resolved = bench.compile_step(cfg)
+    program = _save_program(compiled, out / "step.hlo.txt.gz")
     state = jax.device_put(bench.initial_state(cfg, tx))
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 1, context + 1), np.int32)
     x, y = jax.device_put(tokens[..., :-1]), jax.device_put(tokens[..., 1:])
@@ -84,7 +105,9 @@ def measure(attention: str, size: str, context: int, warmup: int, steps: int, ou
             "warmup": warmup, "steps_traced": steps, "top": TOP, **provenance.allocator(),
             "trace": "jax.profiler.trace, perfetto JSON; ops on the device's streams"}},
         "profile": {"attention": attention, "size": size, "context": context, "steps": steps,
-                    "remat": resolved.remat, "loss_chunk": resolved.loss_chunk, **parsed},
+                    "remat": resolved.remat, "loss_chunk": resolved.loss_chunk,
+                    "glue_options": {k: getattr(resolved, k) for k in GLUE_OPTIONS},
+                    "program": program, **parsed},
     }  # fmt: skip
 
 

@@ -9,12 +9,13 @@ flash and flash-linear-attention at B1 H12 D64, 4k to 64k, and one context again
 the GPU (``compile_ab``: are the loaded steps' times the device-compiled ones'?), and what
 decides the glue kernels' ``auto`` (``kernels/choice.py``): their gpu tests and the 124M step
 with them at ``pallas`` beside ``xla``, and with the blocks unrolled as well, in one process
-(``glue``: 1k, 16 x 1k, 64k). Then, each in
-windows that fit: the gpu tests against float64 (1); the larger sizes at 1k (2);
+(``glue``: 1k, 16 x 1k, 64k). Then, each in windows that fit: the gpu tests against float64
+(1); the larger sizes at 1k, and the 124M step at 64k traced, every op with its instruction
+beside the compiled program, to set the step-time MODEL's prices against (2);
 ``LT_attention_parallel``'s kernels at 4k-64k (3); sampling (4); the memory check (5);
 Zoology's MQAR cell (6); the context grid, a window's worth of runs at a time (7); and what was
 measured once before (8): the other attentions at 124M, ``LT_chunked`` past 512k, the larger
-sizes at 4k and 16k, the kernels with resets and gates and at B8 H16 D128, the profile.
+sizes at 4k and 16k, the kernels with resets and gates and at B8 H16 D128.
 """
 
 from __future__ import annotations
@@ -370,7 +371,7 @@ def profile_stage(known: Known, tiny: bool) -> Stage:
                 "--size", size, "--context", t, "--warmup", PROFILE_WARMUP,
                 "--steps", PROFILE_STEPS, "--out", "{out}"]  # fmt: skip
         units.append(_unit(known, "profile", f"{a}_{size}_{_ctx(t)}", argv, costs,
-                           "traced steps", 8))  # fmt: skip
+                           "traced steps", 2))  # fmt: skip
     return Stage("profile", CHECKS, "the 124M step at 64k traced: the 15 GPU ops that take the "
                  "most time", tuple(units))  # fmt: skip
 
