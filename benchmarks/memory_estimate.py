@@ -169,6 +169,7 @@ def compile_fresh(cache: dict, restart: bool) -> None:
     """Compile every :data:`FRESH` point at every setting of the ladder its memory plan lists."""
     from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform import provenance
+    from linear_gpt2.platform import target as targets
     from linear_gpt2.training import memory_plan
 
     for name, file, overrides, target in FRESH:
@@ -188,6 +189,8 @@ def compile_fresh(cache: dict, restart: bool) -> None:
                 "seconds": time.perf_counter() - t0, "collectives": r.collectives,
                 "git_commit": provenance.environment()["git_commit"],
             }  # fmt: skip
+            with targets.traced_for(target):  # which glue the step compiled had
+                cache[key]["pallas_glue"] = memory_plan.pallas_glue(c)
             print(f"{key}: {r.compile.memory.total / 2**30:.2f} GiB", flush=True)
 
 

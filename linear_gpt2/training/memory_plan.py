@@ -18,10 +18,12 @@ Values set explicitly in the config are kept; only ``auto`` fields vary. :func:`
 *estimates* every candidate from the configuration alone (:func:`estimate`: nothing compiled):
 its memory per device (parameters, AdamW state and gradients, each sharded as FSDP shards
 them; the activations autodiff keeps for the backward, by remat policy, read from JAX's own
-list of saved residuals traced at one device's shapes; the largest working set of the backward,
-the logits by ``loss_chunk``'s head) and a modelled step time (FLOPs, HBM bytes, host transfers
-and the collectives of FSDP and context parallelism, each at an assumed rate). It then
-compiles, fastest first, only the candidates whose estimate fits the budget with a margin
+list of saved residuals traced at one device's shapes; the largest working set beside them:
+one block's backward, which with the Pallas glue kernels (``auto`` on a GPU) holds the
+cotangent of everything the block saved, or the head's float32 logits by ``loss_chunk``; under
+FSDP the embedding gathered whole for the tied head) and a modelled step time (FLOPs, HBM
+bytes, host transfers and the collectives of FSDP and context parallelism, each at an assumed
+rate). It then compiles, fastest first, only the candidates whose estimate fits the budget with a margin
 (:data:`ESTIMATE_MARGIN`), and takes the first whose *compiled* memory fits: the compiler, not
 the estimate, decides what fits, and the winning executable is returned, so nothing is compiled
 twice. Where the devices report no memory limit (the CPU) the first candidate is taken without
@@ -314,12 +316,41 @@ def _link_rate(group: int, shape: StepShape) -> float:
     return LINK_BYTES_PER_S if group <= shape.devices_per_host else NETWORK_BYTES_PER_S
 
 
+def pallas_glue(cfg: ModelConfig) -> bool:
+    """Whether a block's glue (LayerNorm, bias + GELU, bias adds) runs a Pallas kernel in the
+    program traced in context (``auto`` resolved as the model resolves it)."""
+    from linear_gpt2.kernels import choice
+
+    return any(
+        choice.use_pallas(k, f"model.{name}")
+        for name, k in (("layernorm_kernel", cfg.layernorm_kernel),
+                        ("mlp_kernel", cfg.mlp_kernel), ("bias_kernel", cfg.bias_kernel))
+    )  # fmt: skip
+
+
+def _head_work(cfg: ModelConfig, tokens: int) -> tuple[int, bool]:
+    """Bytes the head and loss hold at once beyond what is kept (see :func:`estimate`), and
+    whether they are the whole sequence's float32 logits as one chunk."""
+    from linear_gpt2.kernels import choice
+    from linear_gpt2.model.gpt import loss_kernel_of
+
+    impl = loss_kernel_of(cfg)
+    if choice.is_fused_head(impl):  # kernels/head_loss: no logits written
+        return 0, False
+    if cfg.loss_chunk == 0 and not choice.is_pallas(impl):
+        return tokens * cfg.vocab_size * jnp.dtype(cfg.dtype).itemsize, False
+    chunk = min(tokens, int(cfg.loss_chunk) or tokens)
+    return 4 * chunk * cfg.vocab_size, cfg.loss_chunk == 0
+
+
 def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
     """Memory per device and a modelled time of the training step for a resolved ``cfg``,
     from the configuration alone. Traces the model (at one and two layers, one device's
     shapes) for what autodiff keeps; compiles nothing. The kernels traced are those of the
     platform in context (``platform.device.platform``): compiling for a GPU target, trace
     inside that target's abstract mesh."""
+    from linear_gpt2.training.sharding import fsdp_spec
+
     assert is_resolved(cfg), "estimate a resolved config (no auto left)"
     L, B, S, V, C = cfg.n_layer, shape.batch, shape.positions, cfg.vocab_size, cfg.n_embd
     p = _params(cfg, shape)
@@ -327,19 +358,32 @@ def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
     (layer_dev, layer_host), (rest_dev, rest_host) = _layer_and_rest(cfg, shape)
     plain_layer, _ = _layer_and_rest(cfg.replace(remat="none"), shape)
     tokens = B * S
+    f32_stream = 4 * tokens * C  # one float32 [tokens, C] array: the residual stream's dtype
     # The backward's largest working set beyond what is kept: one block's recomputed
-    # activations and the float32 cotangents of the residual stream entering and leaving it;
-    # or, at the head, the plain head's logit gradients in the compute dtype. Under dots, what
-    # the policy dropped is recomputed and held; under full / offload XLA recomputes the whole
-    # block inside its backward and fuses most elementwise intermediates into their consumers,
-    # holding about half of the block's residuals at once (RECOMPUTED_SHARE).
-    stream = 2 * 4 * tokens * C
+    # activations and the float32 cotangents of the residual stream entering and leaving it.
+    # With XLA's glue (LayerNorm, bias + GELU, bias adds) XLA fuses the elementwise
+    # intermediates into their consumers: under dots what the policy dropped is recomputed and
+    # held; under full / offload it recomputes the whole block inside its backward and holds
+    # about half of the block's residuals at once (RECOMPUTED_SHARE). With the Pallas glue
+    # kernels nothing is fused into a kernel: each kernel's backward writes the cotangent of
+    # every activation the block saved (the same size) and the LayerNorm kernel's float32
+    # input gradient beside the stream's, whatever the remat policy.
     plain = plain_layer[0] + plain_layer[1]
     if cfg.remat in ("full", "offload"):
-        block_work = RECOMPUTED_SHARE * (plain + stream)
+        block_work = RECOMPUTED_SHARE * (plain + 2 * f32_stream)
     else:
-        block_work = plain - layer_dev + stream
-    head_work = tokens * V * jnp.dtype(cfg.dtype).itemsize if cfg.loss_chunk == 0 else 0
+        block_work = plain - layer_dev + 2 * f32_stream
+    if pallas_glue(cfg):
+        block_work = max(block_work, plain + 3 * f32_stream)
+    # At the head: the plain head (XLA's loss, loss_chunk 0) keeps its float32 logits (among
+    # the residuals) and its backward holds their gradient in the compute dtype; the chunked
+    # loss computes its gradient in the forward, holding one chunk's float32 logits while
+    # everything kept is alive, and with a Pallas loss kernel and no chunking the whole
+    # sequence is that one chunk (model/gpt.py). Those whole-sequence logits, the program's
+    # largest buffer, get a place of their own in the compiled step: the backward's buffers
+    # are laid beside them, not in their space (the memory-usage report of the compiled
+    # plain-head step), so that head's working set adds to the blocks' instead of sharing it.
+    head_work, whole_sequence = _head_work(cfg, tokens)
     kept_dev = L * layer_dev + rest_dev
     cp = shape.context_parallel
     if cp > 1 and cfg.spec.family == "softmax":
@@ -350,13 +394,19 @@ def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
             kept_dev += L * received
         else:
             block_work += received
-        block_work += 2 * 4 * tokens * C
+        block_work += 2 * f32_stream
     parts = {
         "parameters and AdamW state": 3 * params,
         "gradients": params * (2 if shape.accum > 1 else 1),
         "activations kept": kept_dev,
-        "backward working set": int(max(block_work, head_work)),
+        "backward working set": int(
+            block_work + head_work if whole_sequence else max(block_work, head_work)
+        ),
     }
+    if shape.fsdp and fsdp_spec((V, C), shape.devices) != P():
+        # FSDP splits the tied embedding, but the head multiplies by the whole table: the step
+        # holds it gathered in float32, and its whole gradient before the reduce-scatter.
+        parts["embedding gathered for FSDP"] = int(2 * 4 * V * C * (1 - 1 / shape.devices))
     memory = sum(parts.values())
     parts["activations on the host"] = L * layer_host + rest_host
 
