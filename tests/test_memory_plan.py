@@ -134,7 +134,7 @@ def test_the_issues_context_parallel_example_plans_the_chunked_loss():
     """124M LT_chunked at 256k over one 8-GPU node with FSDP, estimated for the H100s: both
     heads fit, but the plain head's relayout is modelled slower, so auto takes the chunked
     loss, with the step's glue at XLA's or at auto's (the kernels, on a GPU); with XLA's, the
-    estimates are those of the steps compiled with it within the stated margin (35.5 and 25.9
+    estimates are those of the steps compiled with it within the stated accuracy (35.5 and 25.9
     GiB: benchmarks/results/memory_estimate_h100_compiled.md, compiled before auto took the
     kernels)."""
     from linear_gpt2.experiments import compile_step
@@ -151,14 +151,14 @@ def test_the_issues_context_parallel_example_plans_the_chunked_loss():
         assert chunked.seconds < plain.seconds, glue
         assert plain.collective_bytes["plain head's relayout"] > 10e9
     for e, compiled in ((plain, 35.47 * 2**30), (chunked, 25.86 * 2**30)):
-        assert abs(e.memory / compiled - 1) < mp.ESTIMATE_MARGIN
+        _estimate_holds(e.memory, compiled)
 
 
 def test_the_estimate_is_within_the_margin_of_the_steps_compiled_with_autos_glue():
     """The fresh points of the results file (benchmarks/memory_estimate.py: 124M LT_chunked at
     64k on one H100 and the issue's example, 256k over 8 with FSDP, at every rung), compiled
     with the step's glue as ``auto`` resolves it for the H100s (the Pallas kernels) at the
-    commit the file records: each estimate within the stated margin of its compiled memory,
+    commit the file records: each estimate within the stated accuracy of its compiled memory,
     where the estimate calibrated on XLA's glue alone fell short by up to a third."""
     from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform import target
@@ -179,4 +179,15 @@ def test_the_estimate_is_within_the_margin_of_the_steps_compiled_with_autos_glue
         with target.traced_for(t):
             assert mp.pallas_glue(cfg), key  # auto: the kernels, as compiled
             e = mp.estimate(cfg, shape)
-        assert abs(e.memory / f["compiled_bytes"] - 1) < mp.ESTIMATE_MARGIN, key
+        _estimate_holds(e.memory, f["compiled_bytes"], key)
+
+
+# How far the estimate may fall from the compiled memory on these points, either way: an
+# estimate too low costs the plan a compile, one too high past mp.ESTIMATE_MARGIN (one-sided,
+# the plan's allowance) would skip a setting that fits.
+ACCURACY = 0.25
+
+
+def _estimate_holds(estimate: float, compiled: float, what: str = "") -> None:
+    assert abs(estimate / compiled - 1) < ACCURACY, what
+    assert estimate <= compiled * (1 + mp.ESTIMATE_MARGIN), what  # never skipped when it fits
