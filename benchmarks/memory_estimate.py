@@ -39,12 +39,14 @@ FRESH = (
 )  # fmt: skip
 
 
-# The step's glue kernels as every raw file compiled before ``auto`` took them on a GPU
-# (kernels/choice.py: AUTO_PICKS_PALLAS) had them: XLA's. Those points are estimated with the
-# glue pinned to it, so each estimate is of the program that was compiled; the fresh points,
-# compiled at this commit, are estimated as configured.
-XLA_GLUE = {"layernorm_kernel": "xla", "mlp_kernel": "xla", "loss_kernel": "xla",
-            "bias_kernel": "xla"}  # fmt: skip
+def xla_glue() -> dict[str, str]:
+    """The step's glue kernels as every raw file compiled before ``auto`` took them on a GPU
+    (kernels/choice.py: AUTO_PICKS_PALLAS) had them: XLA's. Those points are estimated with the
+    glue pinned to it, so each estimate is of the program that was compiled; the fresh points,
+    compiled at this commit, are estimated as configured."""
+    from studies.train_step.step_glue import AFTER_KERNELS
+
+    return {k: "xla" for k in AFTER_KERNELS}
 
 
 def parse_label(label: str) -> dict:
@@ -72,9 +74,9 @@ def run_config(file: str, overrides=(), target: str = "h100x8"):
 def points(results: Path):
     """(group, source file, its commit, point name, target, model config, StepShape, compiled
     bytes) for every compiled candidate the raw files record (their glue at XLA's:
-    :data:`XLA_GLUE`)."""
+    :func:`xla_glue`)."""
     for group, source, commit, point, tgt, m, shape, compiled in _points(results):
-        yield group, source, commit, point, tgt, m.replace(**XLA_GLUE), shape, compiled
+        yield group, source, commit, point, tgt, m.replace(**xla_glue()), shape, compiled
 
 
 def _points(results: Path):
@@ -137,7 +139,7 @@ def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict, rows: list[d
     known = {f["setting"]: f["compiled_bytes"] for k, f in fresh.items()
              if k.startswith(f"{name}: ")}  # fmt: skip
     if not overrides:  # the config as shipped: its compiles in the raw files (XLA's glue)
-        m = m.replace(**XLA_GLUE)
+        m = m.replace(**xla_glue())
         known.update({r["setting"]: r["compiled_bytes"] for r in rows if r["point"] == file})
     estimates = {}
 

@@ -21,10 +21,9 @@ carry ``runs/gpu_check`` to resume on a fresh machine, after ``make gpu-unpack``
 so far: the carried folder replaces the machine's), so every command is filled with work:
 ``--window next`` (the default, window 1 of what is left) or ``--window N``. A unit that
 finished is not run again (one that failed at this commit, only with ``--retry-failed``; one
-that failed at an earlier commit is run again); one whose estimate
-would end past the time limit is not started; one still running at the limit is stopped and
-left undone. After
-every unit the results are merged into ``--results`` (``*_<device>_measured.*``) and, with
+that failed at an earlier commit is run again); one whose estimate would end past the time
+limit is not started; one still running at the limit is stopped and left undone. After every
+unit the results are merged into ``--results`` (``*_<device>_measured.*``) and, with
 ``--pack``, packed into one archive: a window stopped early still returns what it measured.
 ``<device>`` is ``h100`` or ``h200``: an H200's figures go to files of their own.
 
@@ -128,7 +127,7 @@ def _main(argv: list[str]) -> int:
     run_dir = args.run_dir or REPO / host.RUNS / dev
     host.write_environment(run_dir, env)
     done, wins = _windows_left(args, plan, run_dir)
-    window = _pick(wins, done, args.window)
+    window = _pick(wins, args.window)
     if window is None:
         print(f"every unit of the plan is done in {run_dir}")
         return 0
@@ -143,21 +142,23 @@ def _windows_left(args, plan, run_dir: Path):
     this commit counts as done unless ``--retry-failed``; ``runner.settled``): window 1 is
     always the next, and it is full."""
     from studies.gpu_check import runner
-    from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
 
     done = runner.done_units(run_dir, plan)
-    return done, windows(plan.without(_finished(args, done)), args.time_limit or WINDOW_LIMIT_S)
+    return done, _cut(args, plan, done)
 
 
-def _finished(args, done) -> list:
+def _cut(args, plan, done) -> list:
+    """The windows of ``plan`` less its settled units (``runner.settled``)."""
     from linear_gpt2.platform.provenance import git_commit
     from studies.gpu_check import runner
+    from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
 
     commit = git_commit()
-    return [k for k, d in done.items() if runner.settled(d, args.retry_failed, commit)]
+    finished = [k for k, d in done.items() if runner.settled(d, args.retry_failed, commit)]
+    return windows(plan.without(finished), args.time_limit or WINDOW_LIMIT_S)
 
 
-def _pick(wins, done, which: str):
+def _pick(wins, which: str):
     from linear_gpt2.platform.errors import UsageError
 
     if which == "next":  # the windows are cut from what is left: the first is the next
@@ -256,7 +257,7 @@ def compile_here(args, plan, wins, done, store_dir: Path, target: str) -> int:
     if os.environ.get("XLA_FLAGS") and not args.tiny:
         raise UsageError(f"XLA_FLAGS={os.environ['XLA_FLAGS']!r} is set: the steps would be "
                          "compiled (and keyed) with flags the GPU's units do not have; unset it")  # fmt: skip
-    window = _pick(wins, done, args.window)
+    window = _pick(wins, args.window)
     if window is None:
         print("every unit is done: nothing to compile")
         return 0
@@ -331,12 +332,9 @@ def plan_known(args, store_dir: Path):
 
 def _replan(args, store_dir: Path, number: int, done):
     from studies.gpu_check import stages
-    from studies.gpu_check.plan import WINDOW_LIMIT_S, windows
 
     plan = stages.build(args.results, tiny=args.tiny, store=store_dir).select(args.only, args.skip)
-    return windows(plan.without(_finished(args, done)), args.time_limit or WINDOW_LIMIT_S)[
-        number - 1
-    ]
+    return _cut(args, plan, done)[number - 1]
 
 
 def bundle_text(store_dir: Path) -> str:

@@ -320,14 +320,10 @@ def _link_rate(group: int, shape: StepShape) -> float:
 
 def pallas_glue(cfg: ModelConfig) -> bool:
     """Whether a block's glue (LayerNorm, bias + GELU, bias adds) runs a Pallas kernel in the
-    program traced in context (``auto`` resolved as the model resolves it)."""
-    from linear_gpt2.kernels import choice
+    program traced in context: the model's own rules (``model/layers.py``)."""
+    from linear_gpt2.model import layers
 
-    return any(
-        choice.use_pallas(k, f"model.{name}")
-        for name, k in (("layernorm_kernel", cfg.layernorm_kernel),
-                        ("mlp_kernel", cfg.mlp_kernel), ("bias_kernel", cfg.bias_kernel))
-    )  # fmt: skip
+    return layers.fused_layer_norm(cfg) or layers.fused_mlp(cfg) or layers.fused_bias(cfg)
 
 
 def _head_work(cfg: ModelConfig, tokens: int) -> tuple[int, bool]:

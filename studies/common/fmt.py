@@ -10,7 +10,10 @@ from linear_gpt2.experiments.axes import context_label
 GiB = 2**30
 HOW = ("measured", "compiled", "modelled", "published")
 
-__all__ = ["GiB", "HOW", "context_label", "gib", "how", "provenance", "ratio", "short", "table"]
+__all__ = [
+    "GiB", "HOW", "context_label", "gib", "glue_point", "how", "provenance", "ratio", "short",
+    "table",
+]  # fmt: skip
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
@@ -24,6 +27,14 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | Non
 
 def gib(n: float | None, digits: int = 2) -> str:
     return "" if n is None else f"{n / GiB:.{digits}f}"
+
+
+def glue_point(r: dict[str, Any], times: str = "x") -> str:
+    """A glue A/B row's point (``glue_ab_<card>_measured.json``): attention, size, batch
+    (``times`` between it and the context) and chunk."""
+    b = f"{r['batch']} {times} " if r.get("batch", 1) > 1 else ""
+    chunk = f", chunk {r['chunk_size']}" if r.get("chunk_size") else ""
+    return f"`{r['attention']}` {r['size']} {b}{context_label(r['context'])}{chunk}"
 
 
 def ratio(x: float, digits: int = 2) -> str:

@@ -21,11 +21,7 @@ BLOCKS = (
         "gpu_check.compile_ab",
         "Steps compiled here against steps compiled on the GPU",
     ),
-    (
-        "glue_ab_{dev}_measured.json",
-        "gpu_check.glue",
-        "The glue kernels: pallas against xla",
-    ),
+    ("glue_ab_{dev}_measured.json", "gpu_check.glue", "The glue kernels: pallas against xla"),
     ("gpu_tests_{dev}_measured.json", "gpu_check.tests", "GPU tests"),
     (
         "kernel_sweep_{dev}_measured.json",
@@ -38,6 +34,11 @@ BLOCKS = (
     ("mqar_{dev}_measured.json", "gpu_check.mqar", "MQAR"),
     ("context_{dev}_measured.json", "gpu_check.context", "Context study"),
 )
+
+
+# Raw files a block reads beside its own once they exist: the glue verdict, the glue kernels'
+# gpu tests (without them it says to keep AUTO_PICKS_PALLAS off), on this page as on its own.
+ALSO_READS = {"gpu_check.glue": ("gpu_tests_{dev}_measured.json",)}
 
 
 def template(results: Path, dev: str) -> str:
@@ -55,12 +56,9 @@ def template(results: Path, dev: str) -> str:
 
 
 def _raws(results: Path, dev: str, name: str, raw: str) -> list[str]:
-    """A block's raw files: the glue verdict also reads the glue kernels' gpu tests, once run
-    (without them it says to keep ``AUTO_PICKS_PALLAS`` off), on this page as on its own."""
-    tests = f"gpu_tests_{dev}_measured.json"
-    if name == "gpu_check.glue" and (results / tests).is_file():
-        return [raw, tests]
-    return [raw]
+    """A block's raw files: its own and those of :data:`ALSO_READS` that exist."""
+    also = (f.format(dev=dev) for f in ALSO_READS.get(name, ()))
+    return [raw, *(f for f in also if (results / f).is_file())]
 
 
 def write(results: Path, dev: str) -> Path:

@@ -335,12 +335,11 @@ def dry_run_text(
     if off:
         lines.append(f"{len(off)} units done in the run folder, not listed: the windows are cut "
                      "from the rest")  # fmt: skip
-    nxt = wins[0] if wins else None  # the windows are cut from what is left to run
     used: set[str] = set()
     for w in wins:
         n_again = sum(k in done for k in w.keys())  # failed before: listed to run again
         flag = "" if w.seconds <= w.limit_s else "  OVER the limit"
-        mark = "  <- next" if nxt is not None and w.number == nxt.number else ""
+        mark = "  <- next" if w.number == 1 else ""  # the windows are cut from what is left
         lines += ["", f"window {w.number}: estimated {w.seconds:.0f} s of {w.limit_s:.0f}"
                   f"{flag} ({len(w.items)} units{f', {n_again} failed before' if n_again else ''}){mark}",
                   f"  start {w.start_s:5.0f} s  the wheels installed, the device probed"]  # fmt: skip

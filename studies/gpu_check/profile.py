@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 TOP = 15
-# The step's glue kernel options (auto resolves them per target: recorded as configured).
-GLUE_OPTIONS = ("layernorm_kernel", "mlp_kernel", "loss_kernel", "bias_kernel")
 
 
 def parse_trace(path: Path, steps: int, top: int = TOP) -> dict[str, Any]:
@@ -81,6 +79,7 @@ def measure(attention: str, size: str, context: int, warmup: int, steps: int, ou
 
     from linear_gpt2.platform import provenance
     from studies.train_step import step_time as bench
+    from studies.train_step.step_glue import AFTER_KERNELS
 
     cfg = bench.model_config(size, attention, context)
     compiled, tx, resolved = bench.compile_step(cfg)
@@ -106,7 +105,7 @@ def measure(attention: str, size: str, context: int, warmup: int, steps: int, ou
             "trace": "jax.profiler.trace, perfetto JSON; ops on the device's streams"}},
         "profile": {"attention": attention, "size": size, "context": context, "steps": steps,
                     "remat": resolved.remat, "loss_chunk": resolved.loss_chunk,
-                    "glue_options": {k: getattr(resolved, k) for k in GLUE_OPTIONS},
+                    "glue_options": {k: getattr(resolved, k) for k in AFTER_KERNELS},
                     "program": program, **parsed},
     }  # fmt: skip
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from studies.common.core import Raw, renderer
-from studies.common.fmt import context_label, gib, provenance, short, table
+from studies.common.fmt import context_label, gib, glue_point, provenance, short, table
 
 
 def _about(data: dict[str, Any]) -> str:
@@ -299,12 +299,6 @@ def _glue_tests(raw: Raw | None) -> tuple[str, bool | None]:
 GLUE_CANDIDATE = "pallas"
 
 
-def _glue_point(r: dict[str, Any]) -> str:
-    b = f"{r['batch']} x " if r.get("batch", 1) > 1 else ""
-    chunk = f", chunk {r['chunk_size']}" if r.get("chunk_size") else ""
-    return f"`{r['attention']}` {r['size']} {b}{context_label(r['context'])}{chunk}"
-
-
 @renderer("gpu_check.glue")
 def glue(raw: Raw, tests: Raw | None = None) -> str:
     """The step with the glue kernels at each setting, timed side by side in one process per
@@ -321,7 +315,7 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
             rr = r["round_ratios"].get(v) or []
             rounds = sum((x < 1) == (ratio < 1) for x in rr)
             mem = r.get("memory_bytes") or {}
-            body.append([_glue_point(r), f"`{v}`", _ms(ms_b), _ms(ms_v), f"{ratio:.3f}", won_by,
+            body.append([glue_point(r), f"`{v}`", _ms(ms_b), _ms(ms_v), f"{ratio:.3f}", won_by,
                          f"{rounds} of {len(rr)}",
                          f"{gib(mem.get(base), 1)} / {gib(mem.get(v), 1)}"])  # fmt: skip
             ratios.append((r, v, ratio))
@@ -332,7 +326,7 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
     # The verdict reads the baseline and the candidate alone; other settings are reported beside.
     ratios = [x for x in ratios if x[1] == cand]
     for r in raw.data["rows"]:
-        failed += [f"{_glue_point(r)} at `{v}`: {st}" for v, st in r["status"].items()
+        failed += [f"{glue_point(r)} at `{v}`: {st}" for v, st in r["status"].items()
                    if st != "ok" and v in (base, cand)]  # fmt: skip
     test_text, tests_ok = _glue_tests(tests)
     faster = [x for x in ratios if x[2] < 1]
@@ -344,7 +338,7 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
         why = []
         if not ratios:
             why.append("no point was timed at both settings")
-        slower = [f"{_glue_point(r)} ({x:.3f})" for r, _, x in ratios if x >= 1]
+        slower = [f"{glue_point(r)} ({x:.3f})" for r, _, x in ratios if x >= 1]
         if slower:
             why.append(f"`{cand}` was not faster at {', '.join(slower)}")
         if failed:
@@ -384,7 +378,7 @@ def _beside(rows: list[dict[str, Any]], cand: str, v: str, options: dict[str, An
     for r in rows:
         ms = r["median_ms"]
         if ms.get(v) and ms.get(cand) and r["status"].get(v) == r["status"].get(cand) == "ok":
-            cells.append(f"{_glue_point(r)} {ms[v] / ms[cand]:.3f}")
+            cells.append(f"{glue_point(r)} {ms[v] / ms[cand]:.3f}")
     said = "; ".join(cells) if cells else "no point was timed at both"
     return (
         f"`{v}`{f' ({changed})' if changed else ''} against `{cand}`, step time / "

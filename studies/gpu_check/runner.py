@@ -4,9 +4,9 @@ The run folder (``runs/gpu_check/<device>/`` by default) holds ``<stage>/<unit>/
 output, its log and ``done.json`` (exit code, seconds, when). A unit with ``done.json`` is done
 and is not run again, also when it failed at this commit (a failure that repeats would spend
 the GPU's time again; ``--retry-failed`` runs failed units again); one that failed at another
-commit (or one not recorded) runs again, since a fix lands as a new commit. So a run that stopped, at a time limit, a
-crash or the machine going back, resumes where it stopped when the same command runs again
-over the same folder (on a fresh machine: carry the folder).
+commit (or one not recorded) runs again, since a fix lands as a new commit. So a run that
+stopped, at a time limit, a crash or the machine going back, resumes where it stopped when the
+same command runs again over the same folder (on a fresh machine: carry the folder).
 
 ``time_limit`` bounds one invocation (one window: ``plan.windows``), counted from ``start``
 (the process's own start: the wheels and the probe count): a unit is not started when its
@@ -127,6 +127,7 @@ class Runner:
         self.start = time.monotonic() if start is None else start
         self.stopped = False
         self.store, self.target = store, target
+        self.commit = git_commit()  # the tree the units run: their records and retries
 
     def left(self) -> float | None:
         return (
@@ -136,7 +137,8 @@ class Runner:
     def todo(self, stage: Stage) -> list[Unit]:
         out = []
         for u in stage.units:
-            if not settled(read_done(self.run_dir, stage.name, u.name), self.retry_failed):
+            d = read_done(self.run_dir, stage.name, u.name)
+            if not settled(d, self.retry_failed, self.commit):
                 out.append(u)
         return out
 
@@ -242,7 +244,7 @@ class Runner:
             "seconds": round(seconds, 3), "estimate_s": round(unit.seconds, 3),
             "argv": list(unit.argv), "work": unit.work,
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "git_commit": git_commit(),
+            "git_commit": self.commit,
         }  # fmt: skip
         out = unit_dir(self.run_dir, stage.name, unit.name)
         (out / DONE).write_text(json.dumps(record, indent=1) + "\n")

@@ -20,7 +20,7 @@ import statistics
 from typing import Any
 
 from studies.common.core import Raw, renderer
-from studies.common.fmt import context_label, short, table
+from studies.common.fmt import glue_point, short, table
 
 # The glue A/B's settings and the step_glue labels compiled with the same glue options.
 LABEL_OF = {"xla": "before", "pallas": "after", "unrolled": "unrolled"}
@@ -32,9 +32,7 @@ CLASS_HEAD = {"matmul": "matmuls", "fmha": "cuDNN attention", "kernel": "Pallas 
 
 
 def _point(r: dict[str, Any]) -> str:
-    b = f"{r['batch']} × " if r.get("batch", 1) > 1 else ""
-    chunk = f", chunk {r['chunk_size']}" if r.get("chunk_size") else ""
-    return f"`{r['attention']}` {r['size']} {b}{context_label(r['context'])}{chunk}"
+    return glue_point(r, "×")
 
 
 def _ms(x: float | None) -> str:
@@ -117,16 +115,16 @@ def _errors(c: dict[str, Any]) -> dict[str, Any]:
     for _, s in cells:
         if "model_over_measured" in s:
             per.setdefault(s["setting"], []).append(abs(math.log(s["model_over_measured"])))
-    ratio = [abs(math.log(s["model_ratio"] / s["measured_ratio"])) for b, s in cells
+    # (baseline, cell) of the other settings with both ratios to the baseline known
+    pairs = [(b, s) for b, s in cells
              if s["setting"] != b and "model_ratio" in s and "measured_ratio" in s]  # fmt: skip
+    ratio = [abs(math.log(s["model_ratio"] / s["measured_ratio"])) for _, s in pairs]
     saving: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
-    for b, s in cells:
-        if s["setting"] != b and "model_ratio" in s and "measured_ratio" in s:
-            m, g = saving.setdefault((s["setting"], b), ([], []))
-            m.append(1 - s["model_ratio"])
-            g.append(1 - s["measured_ratio"])
-    over = [s["model_ratio"] < s["measured_ratio"] for b, s in cells
-            if s["setting"] != b and "model_ratio" in s and "measured_ratio" in s]  # fmt: skip
+    for b, s in pairs:
+        m, g = saving.setdefault((s["setting"], b), ([], []))
+        m.append(1 - s["model_ratio"])
+        g.append(1 - s["measured_ratio"])
+    over = [s["model_ratio"] < s["measured_ratio"] for _, s in pairs]
     return {"step": step, "per": per, "ratio": ratio, "saving": saving, "over": over}
 
 
