@@ -125,3 +125,63 @@ def test_the_step_glue_page_holds_the_blocks_its_writer_would_write():
     on_page = core.parse(page.read_text(), str(page))
     assert [(b.name, b.sources) for b in on_page] == [(b.name, b.sources) for b in template]
     assert any(b.name == "step_glue.vs_gpu" for b in template)
+
+
+def _glue_raws(truth: float) -> tuple[Raw, Raw, Raw]:
+    """Three points whose ``after`` swaps XLA's fusions for a glue kernel; the measured ratios
+    are what the MODEL gives with the glue kernels at ``truth`` of the bandwidth."""
+    base = [_row("memory", 0.0, 4e9, fusion="loop"), _row("memory", 0.0, 2e9, fusion="input")]
+    on = sm.Params(**FIT).on(H200)
+    costs = {"meta": {"labels": {}}, "points": {"before": {}, "after": {}}}
+    rows = []
+    for i, t in enumerate((1024, 2048, 4096)):
+        after = [_row("memory", 0.0, 1e9 * (i + 1), fusion="loop"),
+                 _row("kernel", 0.0, 3e9, kernel="layernorm_bwd", programs=528)]  # fmt: skip
+        for label, r in (("before", base), ("after", after)):
+            costs["points"][label][f"k{i}"] = {"spec": _spec(t, 128), "rows": r,
+                                               "memory_bytes": 1, "compile_seconds": 1.0}  # fmt: skip
+        ratio = sm.predict(after, dataclasses.replace(on, glue=truth)) / sm.predict(base, on)
+        rows.append({"attention": "LT_chunked", "size": "124M", "context": t, "batch": 1,
+                     "chunk_size": 128, "baseline": "xla",
+                     "median_ms": {"xla": 10.0, "pallas": 10.0 * ratio},
+                     "status": {"xla": "ok", "pallas": "ok"}})  # fmt: skip
+    model = {"meta": {"model": {"params": FIT, "commit": "c" * 40}}, "measured": {}}
+    env = {"device_kind": "NVIDIA H200", "git_commit": "d" * 40}
+    ab = {"meta": {"how": "measured", "environment": env, "settings": {}}, "rows": rows}
+    return Raw("costs.json", costs), Raw("model.json", model), Raw("ab.json", ab)
+
+
+def test_the_glue_kernels_bandwidth_is_recovered_from_the_measured_ratios():
+    costs, model, ab = _glue_raws(truth=0.25)
+    c = vs.compare(costs.data, model.data, ab.data)
+    r = vs.recalibrate(c, costs.data, model.data)
+    assert r["glue"] == pytest.approx(0.25, rel=1e-4)
+    assert max(map(abs, r["fitted"])) < 1e-4 and max(map(abs, r["loo"])) < 1e-4
+    assert min(r["before"]) < -0.1  # at XLA's fraction (0.5) the kernels look cheaper
+    # only the glue kernels move: XLA's fusions and the other kernels keep their prices
+    p = dataclasses.replace(sm.Params(**FIT), glue=0.1)
+    other = [_row("kernel", 1e9, 1e8, kernel="lt_chunked_fwd_o", programs=132),
+             _row("memory", 0.0, 1e9, fusion="loop")]  # fmt: skip
+    assert sm.predict(other, p) == sm.predict(other, sm.Params(**FIT))
+    assert "is **0.25**" in vs.vs_gpu(costs, model, ab)
+    assert "move their bytes at 0.25 of the bandwidth" in vs.vs_gpu_summary(costs, model, ab)
+
+
+def test_the_glue_kernels_are_the_kernels_on_file_that_count_no_flops():
+    """A kernel added to the step is priced as glue or as compute on purpose: the compiled
+    costs on file hold every kernel the step runs."""
+    import json
+    from pathlib import Path
+
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "benchmarks/results/step_glue_h100_costs_compiled.json"
+    )
+    flops: dict[str, bool] = {}
+    for points in json.loads(path.read_text())["points"].values():
+        for p in points.values():
+            for r in p["rows"]:
+                if r["kind"] == "kernel":
+                    flops[r["kernel"]] = flops.get(r["kernel"], False) or r["flops"] > 0
+    assert {k for k, f in flops.items() if not f} == set(sm.GLUE_KERNELS)
+    assert all(sm.is_glue_kernel({"kind": "kernel", "kernel": k}) for k in sm.GLUE_KERNELS)

@@ -321,10 +321,12 @@ def fused_head(point: GluePoint, as_built: dict[str, Any], fused: dict[str, Any]
     return {"as_built": side(as_built), "fused": side(fused), "fused_flops": flops}
 
 
-def summarise(costs: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+def summarise(costs: dict[str, Any], model: dict[str, Any], params: sm.Params | None = None
+              ) -> dict[str, Any]:  # fmt: skip
     """The priced summary of the cached costs (``benchmarks/step_glue.py``'s raw file) at the
-    fitted constants of the step-time MODEL (``train_step_h100_model.json``)."""
-    params = sm.Params(**model["params"])
+    fitted constants of the step-time MODEL (``train_step_h100_model.json``), or at ``params``
+    (its measured points still from ``model``)."""
+    params = params or sm.Params(**model["params"])
     measured = {p["key"]: p["measured_ms"] for p in model["points"]}
     points: dict[str, dict[str, Any]] = {}
     for p in POINTS:

@@ -12,6 +12,10 @@ sequence):
 - ``pallas`` (our kernels): the kernel cost model's bound (``lt_chunked/cost.py``: the roofline
   over the share of the 132 SMs the grid occupies) with its FLOPs at ``e_pl`` of the peak and
   its bytes at ``e_bw`` of the bandwidth;
+  The data-moving Pallas kernels of the step's glue (:data:`GLUE_KERNELS`: LayerNorm, bias,
+  GELU, cross-entropy; no FLOPs counted) move their bytes at ``e_glue`` of the bandwidth where
+  :attr:`Params.glue` is set, else at ``e_bw``: no H100 step time the fit ran holds them, and
+  a GPU's glue A/B implies their own fraction (``report_model_vs_gpu.recalibrate``);
 - ``elementwise`` (XLA's loop fusions, copies, the layer scan's stacking):
   ``B / (e_bw W)``; ``reduction`` (XLA's input fusions: reductions and transposes):
   ``B / (e_red W)``;
@@ -50,6 +54,11 @@ FITTED = ("matmul", "fmha", "kernel", "memory", "reduction", "launch_us")
 # The op classes a breakdown reports, in order ("launch" is the per-launch overhead).
 CLASSES = ("matmul", "fmha", "kernel", "elementwise", "reduction", "host", "launch")
 _MEMORY_KINDS = {"memory", "copy", "other"}
+# The Pallas kernels of the step's glue, by the names their pallas_calls give them
+# (linear_gpt2/kernels/{layernorm,bias_add,bias_gelu,cross_entropy}): they move bytes and count
+# no FLOPs (tests/test_model_vs_gpu.py holds every kernel on file to one side or the other).
+GLUE_KERNELS = ("layernorm_fwd", "layernorm_bwd", "bias_add_bwd", "bias_gelu_fwd",
+                "bias_gelu_bwd", "cross_entropy")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +73,9 @@ class Params:
     memory: float = 0.8
     reduction: float = 0.5
     launch_us: float = H100.launch_seconds * 1e6
+    # The glue kernels' fraction of the bandwidth (None: ``memory``'s, the assumption before a
+    # GPU timed them); set from a GPU's glue A/B, not by :func:`fit`.
+    glue: float | None = None
     host_bytes_per_s: float = HOST_BYTES_PER_S
     peak_flops: float = PEAK_FLOPS
     peak_bytes: float = PEAK_BYTES
@@ -112,15 +124,21 @@ def row_seconds(row: dict[str, Any], p: Params) -> float:
     if kind == "fmha":
         return max(f / (p.fmha * P), b / (p.memory * W))
     if kind == "kernel":
+        memory = p.glue if p.glue is not None and is_glue_kernel(row) else p.memory
         # The kernel cost model prices at the H100's peaks: another card's are its fractions
         # scaled (by exactly 1 on the H100, so its prices are unchanged to the bit).
         return pallas_seconds(row, p.kernel * (P / lt_cost.PEAK_FLOPS),
-                              p.memory * (W / lt_cost.PEAK_BYTES))  # fmt: skip
+                              memory * (W / lt_cost.PEAK_BYTES))  # fmt: skip
     if kind == "host":
         return b / p.host_bytes_per_s
     if row.get("fusion") == "input":
         return b / (p.reduction * W)
     return b / (p.memory * W)
+
+
+def is_glue_kernel(row: dict[str, Any]) -> bool:
+    """A launch of one of the glue's Pallas kernels (:data:`GLUE_KERNELS`)."""
+    return row["kind"] == "kernel" and row.get("kernel") in GLUE_KERNELS
 
 
 def class_of(row: dict[str, Any]) -> str:
