@@ -550,3 +550,31 @@ def test_tiny_glue_unit_times_every_setting_side_by_side_and_renders_its_page(tm
         and "`unrolled` (`model.scan_layers: false`) against `pallas`" in md.read_text()
     )
     assert "gpu_check.glue" in (res / "gpu_check_tiny_cpu_measured.md").read_text()
+
+
+@SLOW
+def test_tiny_glue_kernels_unit_times_the_launches_beside_xla_and_renders_them(tmp_path):
+    """The glue_kernels stage's CPU path (interpret mode, tiny widths, the default and one
+    other launch per kernel): every kernel's rows, XLA's beside the default, the collector's
+    results file and its block on the run page."""
+    from linear_gpt2.kernels import launch
+
+    res, run = tmp_path / "res", tmp_path / "run"
+    shutil.copytree(RESULTS, res, ignore=shutil.ignore_patterns("*.png", "*_tiny_cpu_measured*"))
+    r = run_script("--tiny", "--only", "glue_kernels", "--time-limit", "130", "--stop-after",
+                   "5000", "--run-dir", str(run), "--results", str(res), "--store",
+                   str(tmp_path / "s"), "--no-progress")  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    data = json.loads((res / "glue_kernels_tiny_cpu_measured.json").read_text())
+    assert data["meta"]["how"] == "measured"
+    got = {(x["kernel"], x["impl"], x["default"]) for x in data["rows"]}
+    for name in launch.CANDIDATES:
+        assert {(name, "xla", False), (name, "pallas", True), (name, "pallas", False)} <= got
+    ok = [x for x in data["rows"] if x["status"] == "ok"]
+    assert len(ok) == 3 * len(launch.CANDIDATES) and all(x["net_ms"] > 0 for x in ok)
+    for x in ok:  # the kernels that write over an input have the copy of it taken off
+        aliased = x["kernel"] in ("cross_entropy", "layernorm_bwd", "bias_gelu_bwd")
+        assert (x["copy_ms"] is not None) == (aliased and x["impl"] == "pallas"), x
+    text = (res / "gpu_check_tiny_cpu_measured.md").read_text()
+    assert "gpu_check.glue_kernels" in text and "| `layernorm_bwd` | 37 |" in text
+    _page_is_rendered(res / "gpu_check_tiny_cpu_measured.md")

@@ -181,6 +181,20 @@ def kernel_sweep(stage, run_dir, results, dev, env) -> list[Path]:
                         "rows": rows})]  # fmt: skip
 
 
+def glue_kernels(stage, run_dir, results, dev, env) -> list[Path]:
+    """``benchmarks/bench_glue.py``'s rows (each launch candidate and XLA, per kernel and rows)."""
+    rows, meta = [], None
+    for _, path in _units(run_dir, stage, "bench_glue.json"):
+        data = json.loads(path.read_text())
+        rows += data["rows"]
+        meta = meta or data["meta"]
+    if not rows:
+        return []
+    return [
+        _write_json(results / f"glue_kernels_{dev}_measured.json", {"meta": meta, "rows": rows})
+    ]
+
+
 def kernels(stage, run_dir, results, dev, env) -> list[Path]:
     rows, notes, meta = [], [], None
     for _, path in _units(run_dir, stage, "kernels.json"):
@@ -303,7 +317,7 @@ def context(stage, run_dir, results, dev, env) -> list[Path]:
 COLLECTORS: dict[str, Callable[..., list[Path]]] = {
     "tests": tests, "kernels": kernels, "step": step, "profile": profile, "sample": sample,
     "memory": memory, "mqar": mqar, "context": context, "compile_ab": compile_ab,
-    "kernel_sweep": kernel_sweep, "glue": glue,
+    "kernel_sweep": kernel_sweep, "glue": glue, "glue_kernels": glue_kernels,
 }  # fmt: skip
 WINDOWS = "windows.jsonl"  # the run folder's record of each window: estimate, time, units
 

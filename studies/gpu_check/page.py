@@ -28,6 +28,11 @@ BLOCKS = (
         "gpu_check.kernel_sweep",
         "LT_attention_parallel's kernels",
     ),
+    (
+        "glue_kernels_{dev}_measured.json",
+        "gpu_check.glue_kernels",
+        "The glue kernels one by one: launches against XLA",
+    ),
     ("profile_{dev}_measured.json", "gpu_check.profile", "Where the step's time goes"),
     ("sample_time_{dev}_measured.json", "gpu_check.sample", "Sampling"),
     ("memory_check_{dev}_measured.json", "memory_check.table", "Memory"),

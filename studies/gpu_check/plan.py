@@ -66,6 +66,11 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
         "a kernel's FLOP rate as a share of the H100's dense bf16 peak "
         "(989 TFLOP/s), for the run time of a kernel call",
     ),
+    "glue_call": (
+        0.003,
+        "one call of a glue kernel or its XLA oracle at the step's widths: "
+        "a few GB at a fraction of the bandwidth",
+    ),
     "fla_first": (
         30.0,
         "flash-linear-attention's first call at a shape: Triton's JIT and "

@@ -89,6 +89,59 @@ def kernel_sweep(raw: Raw) -> str:
     ])  # fmt: skip
 
 
+def _launch(r: dict[str, Any]) -> str:
+    """A bench_glue row's launch: ``xla``, or warps / stages / tile / programs per SM."""
+    L = r.get("launch")
+    if L is None:
+        return "xla"
+    s = f"{L['warps']} warps, {L['stages']} stages, tile {L['tile']}"
+    return s + (f", {L['programs_per_sm']} per SM" if L.get("programs_per_sm") else "")
+
+
+@renderer("gpu_check.glue_kernels")
+def glue_kernels(raw: Raw) -> str:
+    """Per glue kernel and rows: XLA's oracle, the default launch and the fastest candidate,
+    with the bytes a pass must move per second and their share of the card's HBM; then every
+    candidate's time over the default's."""
+    rows = raw.data["rows"]
+    keys = list(dict.fromkeys((r["kernel"], r["rows"]) for r in rows))
+    body, every = [], []
+
+    def cell(r):
+        if r is None or r.get("status") != "ok":
+            return ["—" if r is None else r["status"], "", ""]
+        frac = "" if r.get("fraction") is None else f"{r['fraction']:.2f}"
+        gbs = "" if r.get("gb_per_s") is None else f"{r['gb_per_s']:,.0f}"
+        return [f"{r['net_ms']:.3f}", gbs, frac]
+
+    for kernel, n in keys:
+        group = [r for r in rows if (r["kernel"], r["rows"]) == (kernel, n)]
+        xla = next((r for r in group if r["impl"] == "xla"), None)
+        default = next((r for r in group if r.get("default")), None)
+        ok = [r for r in group if r["impl"] == "pallas" and r.get("status") == "ok"]
+        best = min(ok, key=lambda r: r["net_ms"]) if ok else None
+        ratio = (f"{best['net_ms'] / default['net_ms']:.3f}"
+                 if best and default and default.get("status") == "ok" else "")  # fmt: skip
+        body.append([f"`{kernel}`", f"{n:,}", *cell(xla), *cell(default),
+                     "—" if best is None else _launch(best), *cell(best)[:1], ratio])  # fmt: skip
+        every += [[f"`{kernel}`", f"{n:,}", _launch(r) + (" (default)" if r.get("default") else ""),
+                   *cell(r)[:1], "" if r.get("to_default") is None else f"{r['to_default']:.3f}"]
+                  for r in group if r["impl"] == "pallas"]  # fmt: skip
+    s = raw.data["meta"].get("settings", {})
+    return "\n".join([
+        _about(raw.data) + f" Widths {s.get('widths')}; medians of {s.get('rounds')} rounds of "
+        f"{s.get('iters')} calls, the programs side by side. ms: net of the copy of an input a "
+        "kernel writes over (a jitted call may not overwrite its argument; the step's may). "
+        "GB/s: the bytes one pass must move (inputs read once, outputs written once) per "
+        "second; of HBM: over the card's datasheet bandwidth.", "",
+        table(["kernel", "rows", "xla ms", "xla GB/s", "xla of HBM", "default ms",
+               "default GB/s", "default of HBM", "fastest launch", "its ms",
+               "fastest / default"], body, "lrrrrrrrlrr"),
+        "", "Every launch against the default:", "",
+        table(["kernel", "rows", "launch", "ms", "/ default"], every, "lrlrr"),
+    ])  # fmt: skip
+
+
 @renderer("gpu_check.tests")
 def tests(raw: Raw) -> str:
     body, failures = [], []

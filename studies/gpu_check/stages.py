@@ -49,6 +49,8 @@ KERNEL_HEADLINE_T = (4 * K, 16 * K, 64 * K)
 KERNEL_REST = (((1, 12, 64), (K, 4 * K, 16 * K, 64 * K), ("resets+gate",)),
                ((8, 16, 128), (K, 4 * K, 16 * K, 64 * K), ("none", "resets+gate")))  # fmt: skip
 KERNEL_WARMUP, KERNEL_REPEATS = 2, 5
+GLUE_KERNEL_ROWS = (16 * K, 64 * K)  # the post's 16 x 1k micro-step and the 64k step, in tokens
+GLUE_KERNEL_ROUNDS, GLUE_KERNEL_ITERS = 5, 10
 PARALLEL_T = (4 * K, 64 * K)  # LT_attention_parallel's kernels, T_start and T_max
 SAMPLE_SIZES = ("124M", "1.6B")  # the ends of the post's range
 SAMPLE_ATTENTIONS = ("softmax", "LT_chunked")  # KV cache, recurrent state
@@ -343,6 +345,26 @@ def kernel_sweep_stage(known: Known, tiny: bool) -> Stage:
                  (unit,))  # fmt: skip
 
 
+def glue_kernels_stage(known: Known, tiny: bool) -> Stage:
+    """The glue kernels one by one (``benchmarks/bench_glue.py``): each launch candidate of
+    ``kernels/launch.py`` and XLA's oracle, side by side, at the 124M step's widths."""
+    from linear_gpt2.kernels import launch
+
+    rows = (37,) if tiny else GLUE_KERNEL_ROWS
+    programs = len(rows) * sum(1 + (2 if tiny else len(c)) for c in launch.CANDIDATES.values())
+    costs = [A("process", "processes"),
+             A("kernel_compile", "kernel compiles", programs,
+               scale=A("compile_parallel", "").each_s / COMPILE_THREADS),
+             A("glue_call", "kernel calls", programs * GLUE_KERNEL_ROUNDS * (GLUE_KERNEL_ITERS + 1))]  # fmt: skip
+    argv = ["benchmarks/bench_glue.py", "--rows", *rows, "--compile-threads", COMPILE_THREADS,
+            "--rounds", GLUE_KERNEL_ROUNDS, "--iters", GLUE_KERNEL_ITERS,
+            "--out", "{out}", *(["--tiny", "--candidates", 2] if tiny else [])]  # fmt: skip
+    unit = _unit(known, "glue_kernels", "launches", argv, costs,
+                 f"{programs} programs at {', '.join(map(str, rows))} rows", 2)  # fmt: skip
+    return Stage("glue_kernels", CHECKS, "the glue kernels one by one: each launch candidate "
+                 "against XLA, GB/s and the share of HBM", (unit,))  # fmt: skip
+
+
 def sample_stage(known: Known, tiny: bool) -> Stage:
     sizes, contexts = (("tiny",), (64, 256)) if tiny else (SAMPLE_SIZES, SAMPLE_CONTEXTS)
     steps, rounds = (2, 1) if tiny else (SAMPLE_STEPS, SAMPLE_ROUNDS)
@@ -421,6 +443,7 @@ def build(results: Path, *, tiny: bool = False, device: str = "h100",
         tests_stage(known, tiny),
         glue_stage(known, tiny),
         kernel_sweep_stage(known, tiny),
+        glue_kernels_stage(known, tiny),
         sample_stage(known, tiny),
         memory_stage(known, tiny),
         profile_stage(known, tiny),

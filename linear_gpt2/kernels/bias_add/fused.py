@@ -20,25 +20,22 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
-from linear_gpt2.platform.cards import H100
+from linear_gpt2.kernels import launch
 
 F32 = jnp.float32
-TILE_ELEMS = 4096
-WARPS = 4
 MAX_COLUMNS = 1024
-MAX_ROW_PROGRAMS = 2 * H100.sms
 
 
-def plan(N: int, C: int) -> tuple[int, int, int, int]:
+def plan(N: int, C: int, run: launch.Launch) -> tuple[int, int, int, int]:
     """``(bt, bc, P, steps)``: rows per tile; columns per program, a power of two that divides
     C (at most 1024; C itself padded to a power of two, masked, when no power of two >= 16
     divides it); programs along the rows and the row tiles each walks."""
     bc = min(MAX_COLUMNS, C & -C)
     if bc < kernels.MIN_BLOCK:
         bc = kernels.padded_head_dim(C)
-    bt = max(1, min(TILE_ELEMS // bc, kernels.next_power_of_2(N)))
+    bt = max(1, min(run.tile // bc, kernels.next_power_of_2(N)))
     tiles = pl.cdiv(N, bt)
-    P = min(tiles, MAX_ROW_PROGRAMS)
+    P = run.programs(tiles)
     return bt, bc, P, pl.cdiv(tiles, P)
 
 
@@ -73,7 +70,8 @@ def bias_add_bwd(cotangents, dtype):
     """``(dz [N, k C] in dtype, db [k C] float32)``: k cotangents ``[N, C]``."""
     k = len(cotangents)
     N, C = cotangents[0].shape
-    bt, bc, P, steps = plan(N, C)
+    run = launch.of("bias_add_bwd")
+    bt, bc, P, steps = plan(N, C, run)
     dz, partial_db = pl.pallas_call(
         partial(_kernel, N=N, C=C, bt=bt, bc=bc, P=P, steps=steps),
         grid=(k * pl.cdiv(C, bc), P),
@@ -81,7 +79,7 @@ def bias_add_bwd(cotangents, dtype):
             jax.ShapeDtypeStruct((N, k * C), jnp.dtype(dtype)),
             jax.ShapeDtypeStruct((P, k * C), F32),
         ],  # fmt: skip
-        compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=run.warps, num_stages=run.stages),
         interpret=kernels.interpret(),
         name="bias_add_bwd",
     )(*cotangents)

@@ -26,14 +26,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
+from linear_gpt2.kernels import launch
 from linear_gpt2.kernels.bias_gelu.naive import INV_SQRT_2PI, SQRT_HALF
-from linear_gpt2.platform.cards import H100
 
 F32 = jnp.float32
-TILE_FLOATS = 4096
-WARPS = 8
 MAX_COLUMNS = 1024
-MAX_ROW_PROGRAMS = 2 * H100.sms
 
 _ERFCC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
           1.48851587, -0.82215223, 0.17087277)  # fmt: skip
@@ -50,13 +47,13 @@ def erfc(x: jax.Array) -> jax.Array:
     return jnp.where(x >= 0, r, 2.0 - r)
 
 
-def plan(N: int, F: int) -> tuple[int, int, int, int]:
+def plan(N: int, F: int, run: launch.Launch) -> tuple[int, int, int, int]:
     """``(bt, bf, P, steps)``: rows per tile, columns per program (a power of two, masked past
-    F), programs along the rows and the row tiles each walks."""
+    F), programs along the rows and the row tiles each walks, for the launch ``run``."""
     bf = min(MAX_COLUMNS, kernels.padded_head_dim(F))
-    bt = max(1, min(TILE_FLOATS // bf, kernels.next_power_of_2(N)))
+    bt = max(1, min(run.tile // bf, kernels.next_power_of_2(N)))
     tiles = pl.cdiv(N, bt)
-    P = min(tiles, MAX_ROW_PROGRAMS)
+    P = run.programs(tiles)
     return bt, bf, P, pl.cdiv(tiles, P)
 
 
@@ -110,13 +107,14 @@ def _bwd_kernel(z_ref, dg_ref, b_ref, dz_ref, g_ref, db_ref, *, N, F, bt, bf, P,
 
 
 def _call(kernel, name, N, F, out_shape, *args, aliases=None):
-    bt, bf, P, steps = plan(N, F)
+    run = launch.of(name)
+    bt, bf, P, steps = plan(N, F, run)
     return pl.pallas_call(
         partial(kernel, N=N, F=F, bt=bt, bf=bf, P=P, steps=steps),
         grid=(pl.cdiv(F, bf), P),
         out_shape=out_shape,
         input_output_aliases=aliases or {},
-        compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=run.warps, num_stages=run.stages),
         interpret=kernels.interpret(),
         name=name,
     )(*args)
@@ -132,7 +130,7 @@ def bias_gelu_bwd(z: jax.Array, b: jax.Array, dg: jax.Array):
     """``(dz, g, db)``: z, dg ``[N, F]``, b ``[F]``; dz and g ``[N, F]`` in z's dtype, db float32
     ``[F]``."""
     N, F = z.shape
-    P = plan(N, F)[2]
+    P = plan(N, F, launch.of("bias_gelu_bwd"))[2]
     shapes = [jax.ShapeDtypeStruct((N, F), z.dtype)] * 2 + [jax.ShapeDtypeStruct((P, F), F32)]
     # dz is written over dg (each tile reads its dg before writing its dz): one [N, F] buffer
     # less at the backward's peak.

@@ -19,19 +19,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
+from linear_gpt2.kernels import launch
 from linear_gpt2.kernels.cross_entropy.naive import IGNORE_INDEX
 
 F32 = jnp.float32
 NEG = -1e30  # masked logits: exp(NEG - m) == 0, and no inf - inf
-TILE_FLOATS = 4096
-WARPS = 8
 MAX_COLUMNS = 2048
 
 
-def plan(M: int, V: int) -> tuple[int, int]:
-    """``(bt, bv)``: rows per program and vocabulary columns per tile (powers of two)."""
+def plan(M: int, V: int, tile: int) -> tuple[int, int]:
+    """``(bt, bv)``: rows per program and vocabulary columns per tile of ``tile`` floats (powers
+    of two)."""
     bv = min(MAX_COLUMNS, kernels.padded_head_dim(V))
-    bt = max(1, min(TILE_FLOATS // bv, kernels.next_power_of_2(M)))
+    bt = max(1, min(tile // bv, kernels.next_power_of_2(M)))
     return bt, bv
 
 
@@ -76,13 +76,14 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, count: jax.Array):
     """``(nll [M], dlogits [M, V])`` float32 (:func:`..naive.nll_and_grad`): logits ``[M, V]``
     float32 (its buffer is reused for dlogits), targets int32 ``[M]``, count float32 scalar."""
     M, V = logits.shape
-    bt, bv = plan(M, V)
+    run = launch.of("cross_entropy")
+    bt, bv = plan(M, V, run.tile)
     dl, nll = pl.pallas_call(
         partial(_kernel, M=M, V=V, bt=bt, bv=bv),
         grid=(pl.cdiv(M, bt),),
         out_shape=[jax.ShapeDtypeStruct((M, V), F32), jax.ShapeDtypeStruct((M,), F32)],
         input_output_aliases={0: 0},
-        compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=run.warps, num_stages=run.stages),
         interpret=kernels.interpret(),
         name="cross_entropy",
     )(logits.astype(F32), targets.astype(jnp.int32), jnp.reshape(count, (1,)).astype(F32))

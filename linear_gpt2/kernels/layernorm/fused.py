@@ -26,20 +26,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from linear_gpt2 import kernels
-from linear_gpt2.platform.cards import H100
+from linear_gpt2.kernels import launch
 
 F32 = jnp.float32
-# Floats of one [bt, Cp] tile: 32 per thread at 8 warps, a few such tiles live at once.
-TILE_FLOATS = 4096
-WARPS = 8
-# Programs of the backward (each accumulates its rows' scale and bias gradients): a few per SM.
-MAX_BWD_PROGRAMS = 4 * H100.sms
 
 
-def plan(N: int, C: int) -> tuple[int, int]:
-    """``(bt, Cp)``: rows per tile and the padded row length (a power of two >= 16)."""
+def plan(N: int, C: int, tile: int) -> tuple[int, int]:
+    """``(bt, Cp)``: rows per tile of ``tile`` floats and the padded row length (a power of two
+    >= 16). The launches (``kernels.launch``): one program per tile forward; the backward's
+    programs each accumulate their rows' scale and bias gradients, a few per SM."""
     Cp = kernels.padded_head_dim(C)
-    bt = max(1, min(TILE_FLOATS // Cp, kernels.next_power_of_2(N)))
+    bt = max(1, min(tile // Cp, kernels.next_power_of_2(N)))
     return bt, Cp
 
 
@@ -89,7 +86,8 @@ def layernorm_fwd(x, h, scale, bias, eps: float, out_dtype):
     s ``[N, C]`` in the promoted dtype of x and h (None when h is None), y ``[N, C]`` in
     ``out_dtype``, mean and rstd ``[N]`` float32."""
     N, C = x.shape
-    bt, Cp = plan(N, C)
+    run = launch.of("layernorm_fwd")
+    bt, Cp = plan(N, C, run.tile)
     has_h, has_bias = h is not None, bias is not None
     s_dtype = x.dtype if h is None else jnp.result_type(x.dtype, h.dtype)
     args = [x] + ([h] if has_h else []) + [scale] + ([bias] if has_bias else [])
@@ -102,7 +100,7 @@ def layernorm_fwd(x, h, scale, bias, eps: float, out_dtype):
         partial(_fwd_kernel, N=N, C=C, Cp=Cp, bt=bt, eps=eps, has_h=has_h, has_bias=has_bias),
         grid=(pl.cdiv(N, bt),),
         out_shape=out_shape,
-        compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=run.warps, num_stages=run.stages),
         interpret=kernels.interpret(),
         name="layernorm_fwd",
     )(*args)
@@ -156,9 +154,10 @@ def layernorm_bwd(s, mean, rstd, scale, dy, ds, dx_dtype, h_dtype):
     none);
     dscale, dbias float32 ``[C]`` (the programs' partial sums added by XLA)."""
     N, C = s.shape
-    bt, Cp = plan(N, C)
+    run = launch.of("layernorm_bwd")
+    bt, Cp = plan(N, C, run.tile)
     tiles = pl.cdiv(N, bt)
-    P = min(tiles, MAX_BWD_PROGRAMS)
+    P = run.programs(tiles)
     steps = pl.cdiv(tiles, P)
     has_ds, has_dh = ds is not None, h_dtype is not None
     args = [s, dy] + ([ds] if has_ds else []) + [mean, rstd, scale]
@@ -175,7 +174,7 @@ def layernorm_bwd(s, mean, rstd, scale, dy, ds, dx_dtype, h_dtype):
         grid=(P,),
         out_shape=out_shape,
         input_output_aliases=alias,
-        compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=run.warps, num_stages=run.stages),
         interpret=kernels.interpret(),
         name="layernorm_bwd",
     )(*args)
