@@ -51,31 +51,39 @@ DEFAULTS: dict[str, Launch] = {
 
 
 def _walking(warps: int, programs: int) -> tuple[Launch, ...]:
-    """A walking kernel's candidates around its default: Triton's pipelining on, more programs
-    per SM, both, and smaller tiles over more programs."""
+    """A walking kernel's candidates around its default (first): more and fewer programs per
+    SM, smaller tiles over more programs, larger tiles, the other warp count. Not Triton's
+    pipelining: compiled for the H100 at ``num_stages`` 3 these loops hold no staging buffers
+    (the same shared memory as at 1), so a stage count would time the same program twice."""
+    other = 8 if warps == 4 else 4
     return (
         Launch(warps, programs_per_sm=programs),
-        Launch(warps, stages=3, programs_per_sm=programs),
         Launch(warps, programs_per_sm=2 * programs),
-        Launch(warps, stages=3, programs_per_sm=2 * programs),
+        Launch(warps, programs_per_sm=max(1, programs // 2)),
         Launch(4, tile=2048, programs_per_sm=4 * programs),
-        Launch(8, stages=2, tile=8192, programs_per_sm=programs),
+        Launch(8, tile=8192, programs_per_sm=programs),
+        Launch(other, programs_per_sm=2 * programs),
     )
+
+
+def _one_tile(warps: int) -> tuple[Launch, ...]:
+    """A one-tile-per-program kernel's candidates around its default (first)."""
+    other = 8 if warps == 4 else 4
+    return (Launch(warps), Launch(other), Launch(warps, tile=2048), Launch(warps, tile=8192),
+            Launch(4, tile=2048), Launch(16, tile=8192))  # fmt: skip
 
 
 # What a GPU times against each default (``benchmarks/bench_glue.py``), the default first: no GPU
 # has timed the glue kernels one by one yet, and the H200's glue A/B implies they move their
 # bytes well below the bandwidth (benchmarks/results/step_glue_h100_model.md, its last section).
 CANDIDATES: dict[str, tuple[Launch, ...]] = {
-    "layernorm_fwd": (Launch(8), Launch(4), Launch(8, tile=2048), Launch(8, tile=8192),
-                      Launch(4, tile=2048)),
+    "layernorm_fwd": _one_tile(8),
     "layernorm_bwd": _walking(8, 4),
     "bias_gelu_fwd": _walking(8, 2),
     "bias_gelu_bwd": _walking(8, 2),
     "bias_add_bwd": _walking(4, 2),
-    "cross_entropy": (Launch(8), Launch(8, stages=3), Launch(4), Launch(8, tile=8192),
-                      Launch(4, stages=3, tile=2048)),
-}  # fmt: skip
+    "cross_entropy": _one_tile(8),
+}
 _OVERRIDES: contextvars.ContextVar[Mapping[str, Launch] | None] = contextvars.ContextVar(
     "glue_launch_overrides", default=None
 )
