@@ -24,5 +24,6 @@ nothing: the oracle never imports Pallas.
 
 # The Pallas kernels of LT_attention_parallel: "pallas" chooses by shape between the two designs.
 TILED = "pallas_tiled"
+TILED_DQ = "pallas_tiled_dq"
 BLOCKED = "pallas_blocked"
-NAMES = ("pallas", TILED, BLOCKED)
+NAMES = ("pallas", TILED, TILED_DQ, BLOCKED)

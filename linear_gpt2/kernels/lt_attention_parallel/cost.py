@@ -40,7 +40,7 @@ import dataclasses
 import heapq
 import math
 
-from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, TILED
+from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, TILED, TILED_DQ
 from linear_gpt2.kernels.lt_attention_parallel import plan as plan_lib
 from linear_gpt2.kernels.lt_chunked import plan as chunked_plan
 from linear_gpt2.kernels.lt_chunked.cost import F32_BYTES
@@ -300,6 +300,10 @@ def options(B: int, T: int, H: int, D: int, c: int, s: int) -> dict[str, tuple[f
     for t in plan_lib.candidates(c, D):
         Tp = plan_lib.padded_length(T, t)
         out[f"{TILED} {t.describe()}"] = (design_seconds(tiled_kernels(B, Tp, H, D, s, t, True)), t)
+    for t in plan_lib.dq_candidates(c, D):
+        Tp = plan_lib.padded_length(T, t)
+        costs = tiled_kernels(B, Tp, H, D, s, t, True, dq="kernel")
+        out[f"{TILED_DQ} {t.describe()}"] = (design_seconds(costs), t)
     return out
 
 
@@ -309,12 +313,13 @@ def choose(B: int, T: int, H: int, D: int, c: int, s: int, kernel: str = "pallas
     time; for ``pallas_tiled`` its best tiling; for ``pallas_blocked`` the old kernels."""
     opts = options(B, T, H, D, c, s)
     allowed = {
-        "pallas": list(opts),
-        TILED: [k for k in opts if k.startswith(TILED)],
+        "pallas": [k for k in opts if not k.startswith(TILED_DQ)],
+        TILED: [k for k in opts if k.startswith(TILED + " ")],
+        TILED_DQ: [k for k in opts if k.startswith(TILED_DQ + " ")],
         BLOCKED: [BLOCKED],
     }[kernel]
     best = min(allowed, key=lambda k: opts[k][0])
     seconds = {k: v[0] for k, v in opts.items()}
     reason = "modelled fwd+bwd " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in seconds.items())
     tiles = opts[best][1]
-    return Choice(TILED if tiles is not None else BLOCKED, tiles, reason, seconds)
+    return Choice(best.split(" ")[0], tiles, reason, seconds)

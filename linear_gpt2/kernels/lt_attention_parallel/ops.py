@@ -18,7 +18,7 @@ import numpy as np
 
 from linear_gpt2 import kernels
 from linear_gpt2.kernels import key_blocks
-from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, NAMES, TILED, cost, plan
+from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, NAMES, TILED, TILED_DQ, cost, plan
 
 _LOGGED: set = set()
 
@@ -70,6 +70,10 @@ def attention(fq, fk, v, c: int, eps: float, kernel: str = "pallas") -> jax.Arra
         from linear_gpt2.kernels.lt_attention_parallel import blocked
 
         return blocked.blocked_attention(fq, fk, v, c, eps)
+    if choice.kernel == TILED_DQ:
+        from linear_gpt2.kernels.lt_attention_parallel import tiled_dq
+
+        return tiled_dq.attention(fq, fk, v, c, eps, choice.tiles)
     from linear_gpt2.kernels.lt_attention_parallel import tiled
 
     return tiled.attention(fq, fk, v, c, eps, choice.tiles)
@@ -86,6 +90,10 @@ def forget_attention(fq, fk, v, log_gate, seg, c: int, eps: float, kernel: str =
         from linear_gpt2.kernels.lt_attention_parallel import blocked
 
         return blocked.blocked_forget_attention(fq, fk, v, log_gate, seg, c, eps)
+    if choice.kernel == TILED_DQ:
+        from linear_gpt2.kernels.lt_attention_parallel import tiled_dq
+
+        return tiled_dq.forget_attention(fq, fk, v, log_gate, seg, c, eps, choice.tiles)
     from linear_gpt2.kernels.lt_attention_parallel import tiled
 
     return tiled.forget_attention(fq, fk, v, log_gate, seg, c, eps, choice.tiles)
@@ -139,6 +147,26 @@ def _block_kernels(design: tuple, c: int, eps: float, nk: int):
 
         return forward, backward, c
     from linear_gpt2.kernels.lt_attention_parallel import tiled
+
+    if kernel == TILED_DQ:
+        from linear_gpt2.kernels.lt_attention_parallel import tiled_dq
+
+        def forward(fq, fk, v, log_gate, seg):
+            g = None if log_gate is None else (*repeat(*tiled.block_gates(log_gate, t.tk)), seg)
+            return tiled.forward(fq, fk, v, t, eps, g, normalise=False)
+
+        def backward(fq, fk, v, y, dy, den, log_gate, seg):
+            gates = None
+            if log_gate is not None:
+                fwd = repeat(*tiled.block_gates(log_gate, t.tk))
+                bwd = fwd if t.tq == t.tk else repeat(*tiled.block_gates(log_gate, t.tq))
+                gates = (fwd, bwd, seg)
+            out = tiled_dq.backward(fq, fk, v, y, dy, den, t, eps, gates)
+            if gates is None:
+                return (*out, None)
+            return (*out[:3], jnp.swapaxes(out[3] - out[4], 1, 2))
+
+        return forward, backward, t.pad
 
     def gates(log_gate, seg, rows: int):
         if log_gate is None:
