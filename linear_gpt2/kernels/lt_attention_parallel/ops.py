@@ -1,10 +1,13 @@
 """The differentiable ``LT_attention_parallel`` kernels, and the choice between the designs.
 
 ``kernel`` (``attention.kernel``): ``pallas_tiled`` (``tiled.py``: resident 128-row blocks,
-programs longest first, one backward kernel with atomic dq), ``pallas_blocked`` (``blocked.py``:
-the first design, one query block per program, a two-loop backward kernel), or ``pallas``, which
-asks the roofline model (``cost.choose``) for the design and tiling with the lower modelled
-forward + backward time at the shape, and notes the choice once per shape (logged at INFO,
+programs longest first, one backward kernel with atomic dq), ``pallas_tiled_dq``
+(``tiled_dq.py``: the same forward, FlashAttention 2's two backward kernels without atomics),
+``pallas_blocked`` (``blocked.py``: the first design, one query block per program, a two-loop
+backward kernel), or ``pallas``, which asks the roofline model (``cost.choose``) for the design
+and tiling with the lower modelled forward + backward time at the shape (between
+``pallas_tiled`` and ``pallas_blocked``: the model does not price what separates the two tiled
+backwards, ``cost.py``), and notes the choice once per shape (logged at INFO,
 printed by the trainer and ``scripts/compile.py``), as ``LT_chunked``'s ``kernel=pallas`` does.
 """
 
@@ -250,8 +253,8 @@ def _split_attention(fq, fk, v, log_gate, seg, c: int, eps: float, choice: cost.
 
 
 def design(kernel: str, B: int, T: int, H: int, D: int, c: int, dtype) -> str:
-    """What ``kernel`` runs at ``[B, T, H, D]`` (T a multiple of c, D padded): ``pallas_tiled``
-    or ``pallas_blocked`` (for benchmarks' ``kernel_design``)."""
+    """What ``kernel`` runs at ``[B, T, H, D]`` (T a multiple of c, D padded): ``pallas_tiled``,
+    ``pallas_tiled_dq`` or ``pallas_blocked`` (for benchmarks' ``kernel_design``)."""
     return choose(kernel, B, T, H, D, c, dtype).kernel
 
 
