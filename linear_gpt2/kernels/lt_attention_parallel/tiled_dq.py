@@ -6,8 +6,9 @@ Same function as ``tiled.py`` (the oracle: ``naive.blocked_linear_attention``, w
 ``naive.blocked_forget_attention``), and the same forward kernel; only the backward differs.
 ``tiled.py``'s backward forms each tile pair's score cotangents once and adds their product with
 phi(K) into a float32 dphi(q) accumulator by atomic adds. Compiled for the H100 that design has
-two costs the roofline of ``cost.py`` did not price: Triton emits each add as an ``acq_rel``
-atomic (a GPU-wide memory barrier and an L1 invalidation around every one, in every loop step),
+two costs the roofline of ``cost.py`` did not price: each add is an ``acq_rel`` atomic (a
+GPU-wide memory barrier and an L1 invalidation around every one, in every loop step; Pallas's
+``atomic_add`` takes no memory order, so a relaxed add is not available to it),
 and the query tiles of 32 rows that the atomic kernel's registers allow put three of its five
 dots on the older ``mma.sync`` path (warpgroup MMAs need 64 rows). Here every dot has a
 64-row (or wider) side and nothing is atomic; the price is a sixth dot per tile pair (the score
