@@ -219,7 +219,7 @@ def test_parallel_kernels_with_resets_and_gates_compile_without_spills(kernel, D
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
-@pytest.mark.parametrize("D, forget", [(64, True), (128, False)], ids=["64-forget", "128"])
+@pytest.mark.parametrize("D, forget", [(64, False), (128, True)], ids=["64", "128-forget"])
 def test_parallel_two_kernel_backward_compiles_without_spills(D, forget):
     """``pallas_tiled_dq``: the tiled forward, its key kernel (dphi(k), dv) and its query kernel
     (dphi(q)) compile without spills within shared memory, at 64k tokens one program per

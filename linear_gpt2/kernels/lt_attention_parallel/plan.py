@@ -83,10 +83,12 @@ def largest(c: int, D: int) -> Tiles:
 # padded head dim, and its query tile. The scores are formed transposed, so the key block is
 # the M side of every dot (the warpgroup MMA's needs 64 rows or more); the block holds two
 # float32 [bk, D] accumulators and the [bk, tq] scores and cotangents, but no dq rows: 128 rows
-# compile without spills at D <= 64 (the atomic kernel's limit at D <= 32 was 32), 64 at
-# D = 128; query tiles of 32 keep the D = 64 kernel within half the registers (two programs per
-# SM, as the forward), where tiles of 64 took one.
-MAX_DKV_BLOCK = {16: 128, 32: 128, 64: 128, 128: 64}
+# compile without spills at every D (the atomic kernel's limit was 64 at D = 128 and 32 at
+# D <= 32), with resets and gates too; at D = 128 a 64-row block would split each warpgroup
+# MMA of the [bk, tq] scores to 16 columns for the same one program per SM. Query tiles of 32
+# keep the D = 64 kernel within half the registers (two programs per SM, as the forward),
+# where tiles of 64 took one.
+MAX_DKV_BLOCK = {16: 128, 32: 128, 64: 128, 128: 128}
 MAX_DKV_QUERY_TILE = 32
 
 

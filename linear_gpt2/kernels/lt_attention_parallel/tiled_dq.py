@@ -45,10 +45,10 @@ phi(K_i) . dphi(K_i) becomes the log-gates' gradient by a reverse cumulative sum
 (``kernels.log_gate_cotangent``). dphi(q) is deterministic (no atomics).
 
 Tiles (``plan.dq_candidates``): the forward's (bq, tk) for the query kernel (the same registers),
-and for the key kernel a resident block of bk rows with query tiles of tq = 64 (the block size
-caps both), within the registers at every padded head dim (compiled for the H100 without spills
-in tests/test_target.py; registers and shared memory per kernel in
-benchmarks/results/kernel_roofline_parallel_h100_model.md).
+and for the key kernel resident blocks of two key tiles or one (128 or 64 rows at block size 64)
+streaming query tiles of 32, the block size capping every tile; at D = 64 both backward kernels
+fit two programs per SM, as the forward. Every tiling compiles for the H100 without spills at
+D = 16 ... 128 with and without forgetting (tests/test_target.py compiles the largest).
 
 Precision as the other kernels: every dot's operands in the input dtype (g and the score
 cotangents rounded to it), every accumulation float32.
