@@ -12,8 +12,12 @@ goes on), measure:
 - ``fwd+bwd``: ``jit(lambda q, k, v, dy: vjp(attention, q, k, v)[1](dy))``;
 
 median wall time of ``--repeats`` runs after ``--warmup`` runs, each ``block_until_ready``, and
-TFLOP/s from ``linear_gpt2.model.flops`` (the algorithm's matmul FLOPs, not halved for causality, x3
-for forward+backward, as the MFU numbers count them). cuDNN flash attention (``flash`` with
+TFLOP/s from the work causal attention needs (:data:`FLOP_COUNT`, :func:`fwd_flops`: the
+variant's matmul FLOPs from ``linear_gpt2.model.flops``, with the quadratic forms' scores and
+weighted sums over the causal half only, x3 for forward+backward). The MFU numbers count all T
+keys per query, as nanoGPT does; here that would put a fused kernel, which skips the masked half,
+above the card's peak. ``--recount FILE`` rewrites a results file's TFLOP/s with this count (its
+times stay as measured). cuDNN flash attention (``flash`` with
 ``kernel=cudnn``) is in the same run on a GPU. A configuration slower than ``--max-seconds`` is
 not run at longer T (``LT_attention`` and ``LT_state`` loop over positions).
 
@@ -50,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linear_gpt2 import attention, kernels
 from linear_gpt2.attention.options import declared  # noqa: E402
+from linear_gpt2.attention.spec import quadratic_flops  # noqa: E402
 from linear_gpt2.model import flops  # noqa: E402
 from linear_gpt2.model.config import ModelConfig  # noqa: E402
 from linear_gpt2.platform.memory import is_oom  # noqa: E402
@@ -99,9 +104,37 @@ def design(name: str, kernel: str, B: int, T: int, H: int, D: int, c: int, dtype
     return spec.kernel_design((B, T, H, D), dtype, spec.options(kernel=kernel, chunk_size=c))
 
 
+FLOP_COUNT = (
+    "matmul FLOPs of causal attention: the quadratic forms' scores and weighted sums over the "
+    "T (T + 1) / 2 causal pairs (the masked half not counted), the others as model.flops counts "
+    "them; fwd+bwd x3"
+)
+
+
 def fwd_flops(name: str, B: int, T: int, H: int, D: int, c: int) -> float:
+    """The forward's FLOPs the TFLOP/s columns divide by (:data:`FLOP_COUNT`)."""
     cfg = ModelConfig(n_layer=1, n_head=H, n_embd=H * D, attention=name, chunk_size=c)
-    return B * T * flops.attention_forward_flops_per_token(cfg, T)
+    full = B * T * flops.attention_forward_flops_per_token(cfg, T)
+    if attention.spec(name).flops is quadratic_flops:  # every query against all T keys
+        return full * (T + 1) / (2 * T)
+    return full
+
+
+def recount(data: dict) -> dict:
+    """A results file (this script's, or gpu_check's ``kernel_sweep_*`` with its ``meta``) with
+    every timed row's TFLOP/s recomputed by :func:`fwd_flops`; the times are not touched."""
+    settings = data.get("meta", {}).get("settings", data)
+    shape, c = settings["shape"], settings["chunk_size"]
+    names = set(attention.names())
+    for row in data["rows"]:
+        if row.get("seconds") and row.get("tflops") is not None and row["name"] in names:
+            f = fwd_flops(row["name"], shape["B"], row["T"], shape["H"], shape["D"], c)
+            row["tflops"] = f * (1 if row["mode"] == "fwd" else 3) / row["seconds"] / 1e12
+    if "meta" in data:
+        data["meta"]["flop_count"] = FLOP_COUNT
+    else:
+        data["flop_count"] = FLOP_COUNT
+    return data
 
 
 def fla_rows(B, H, D, Ts, dtype_name, warmup, repeats):
@@ -200,6 +233,7 @@ def run(args) -> dict:
         warmup=args.warmup,
         repeats=args.repeats,
         interpret_mode=not kernels.on_gpu(),
+        flop_count=FLOP_COUNT,
         notes=[n for n in (note,) if n],
         rows=rows + extra,
     )
@@ -288,6 +322,12 @@ def parse(argv=None):
                    choices=["none", "resets", "gate", "resets+gate"])  # fmt: skip
     p.add_argument("--reference", default=None, help="with --peer: the --compare run's --out")
     p.add_argument("--compile-threads", type=int, default=4)
+    p.add_argument(
+        "--recount",
+        type=Path,
+        default=None,
+        help="rewrite this results file's TFLOP/s with the causal count (times unchanged)",
+    )
     args = p.parse_args(argv)
     if args.tiny:
         args.B, args.H, args.D = 1, 2, 16
@@ -299,6 +339,11 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.recount:
+        data = recount(json.loads(args.recount.read_text()))
+        args.recount.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"recounted the TFLOP/s of {args.recount}: {FLOP_COUNT}")
+        return 0
     if args.compare or args.peer:
         import kernel_compare
 

@@ -205,6 +205,7 @@ KERNEL_SHAPE = (1, 48, 2, 5, 16)  # taylor2 at Dk = 5: 21 features, 2 blocks of 
         pytest.param("LT_chunked", "pallas_chunk", marks=pytest.mark.slow),
         ("LT_attention_parallel", "pallas_blocked"),
         ("LT_attention_parallel", "pallas_tiled"),
+        ("LT_attention_parallel", "pallas_tiled_dq"),
     ],
 )
 def test_kernels_take_wider_keys(name, kernel):

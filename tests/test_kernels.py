@@ -41,6 +41,7 @@ from linear_gpt2.kernels.lt_attention_parallel import cost as parallel_cost
 from linear_gpt2.kernels.lt_attention_parallel import ops as parallel_ops
 from linear_gpt2.kernels.lt_attention_parallel import plan as parallel_plan
 from linear_gpt2.kernels.lt_attention_parallel import tiled as parallel_tiled
+from linear_gpt2.kernels.lt_attention_parallel import tiled_dq as parallel_tiled_dq
 from linear_gpt2.kernels.lt_chunked import cost, naive, plan, triton_fused
 from linear_gpt2.kernels.lt_chunked import ops as chunked_kernels
 from linear_gpt2.platform import logs
@@ -191,6 +192,46 @@ def test_parallel_tiled_tilings_and_padding_match_float64_reference(shape, c, ti
     and the gradients with respect to q, k, v (through phi)."""
     q, k, v, dy = inputs(shape, seed=4)
     fused = _tiling(tiling)
+
+    def fn(q, k, v):
+        fq, fk = linear.features(q, k, "softplus")
+        return fused(fq, fk, v, c, EPS)
+
+    y, grads = value_and_grads(fn, q, k, v, dy)
+    args = [np.asarray(x, np.float64) for x in (q, k, v)]
+    assert rel_err(y, reference(*args, "softplus")) <= F32_TOL
+    for label, g, r in zip("qkv", grads, reference_vjp(q, k, v, dy, "softplus")):
+        assert rel_err(g, r) <= F32_TOL, label
+
+
+def _dq_tiling(which: str):
+    """The two-kernel backward at one of its tilings (``plan.dq_candidates``)."""
+
+    def fn(fq, fk, v, c, eps):
+        D = kernels.padded_head_dim(fq.shape[-1])
+        tilings = parallel_plan.dq_candidates(c, D)
+        return parallel_tiled_dq.attention(fq, fk, v, c, eps, tilings[0 if which == "2" else -1])
+
+    return fn
+
+
+# pallas_tiled_dq: T padded inside (200 -> 256); at c = 64 its key kernel's 128-row blocks
+# stream 32-row query tiles while its dq kernel's 128-row query blocks stream 64-row key tiles
+# (the two kernels' diagonals differ); resident blocks of one tile. Odd T and D, c = 16 capping
+# every tile, and bfloat16, with resets and gates: tests/test_kernels_forget.py.
+TILED_DQ_CASES = [
+    ((1, 200, 2, 16), 64, "2"),
+    ((1, 130, 1, 16), 64, "1"),
+]
+
+
+@pytest.mark.parametrize("shape, c, tiling", TILED_DQ_CASES, ids=str)
+def test_parallel_tiled_dq_backward_matches_float64_reference(shape, c, tiling):
+    """The two-kernel backward (``tiled_dq.py``) at a forced tiling against the float64 formula:
+    values and every gradient (dphi(q) from its own kernel, dphi(k) and dv from the key
+    kernel), through phi."""
+    q, k, v, dy = inputs(shape, seed=5)
+    fused = _dq_tiling(tiling)
 
     def fn(q, k, v):
         fq, fk = linear.features(q, k, "softplus")
@@ -504,7 +545,8 @@ def test_kernel_options_and_errors():
         with pytest.raises(ValueError, match="int >= 1 or 'auto'"):
             attention.get(name, chunk_size="fast")
     with pytest.raises(
-        ValueError, match="valid values: auto, xla, pallas, pallas_tiled, pallas_blocked$"
+        ValueError,
+        match="valid values: auto, xla, pallas, pallas_tiled, pallas_tiled_dq, pallas_blocked$",
     ):
         attention.get("LT_attention_parallel", kernel="pallas_chunk")
     with pytest.raises(ValueError, match="kernel=pallas_tiled: chunk_size=24 must be a power"):
@@ -528,7 +570,7 @@ def test_unsupported_head_dim_is_one_line_up_front():
     for kernel in DESIGNS:
         with pytest.raises(ValueError, match=r"head dim 160 \(padded to 256\).*use kernel=xla"):
             attention.get("LT_chunked", kernel=kernel, chunk_size=16)(x, x, x)
-    for kernel in ("pallas", "pallas_tiled", "pallas_blocked"):
+    for kernel in ("pallas", "pallas_tiled", "pallas_tiled_dq", "pallas_blocked"):
         with pytest.raises(ValueError, match="head dim 160"):
             attention.get("LT_attention_parallel", kernel=kernel, chunk_size=16)(x, x, x)
 
@@ -603,6 +645,16 @@ def test_parallel_cost_model_choices():
             assert plain[0] < plain[1], (D, T, plain)
             if T >= 16384:
                 assert all(k.programs >= plan.SMS for k in ks if not k.name.startswith("xla"))
+    # The two-kernel backward (pallas_tiled_dq) is priced beside them, its dkv and dq launches
+    # filling the SMs from 16k; kernel=pallas does not choose it (above).
+    choice = parallel_cost.choose(1, 16384, 12, 64, 64, s, "pallas_tiled_dq")
+    assert choice.kernel == "pallas_tiled_dq" and choice.tiles in parallel_plan.dq_candidates(
+        64, 64
+    )
+    ks = parallel_cost.tiled_kernels(1, 16384, 12, 64, s, choice.tiles, True, dq="kernel")
+    names = {k.name: k for k in ks}
+    assert {"tiled_fwd", "tiled_bwd_dkv", "tiled_bwd_dq"} <= set(names), names
+    assert all(names[n].programs >= plan.SMS for n in ("tiled_bwd_dkv", "tiled_bwd_dq"))
     # The tiled kernels launch every block for all heads before the next, longest first: the
     # SMs stay busy where the old grid (shortest first, heads in turn) leaves a tail.
     t = parallel_plan.largest(64, 64)
@@ -624,6 +676,9 @@ def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
             )
         assert parallel_ops.design("pallas_blocked", 1, 16384, 12, 64, 64, "bfloat16") == (
             "pallas_blocked"
+        )
+        assert parallel_ops.design("pallas_tiled_dq", 1, 16384, 12, 64, 64, "bfloat16") == (
+            "pallas_tiled_dq"
         )
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "T=16384" in lines[0] and "pallas_tiled bq=128" in lines[0], lines

@@ -142,6 +142,33 @@ def test_bench_kernels_table_takes_rows_without_a_flop_rate():
     assert "| fla.chunk_linear_attn | fla | 4096 | 1.000 | - | 1.000 | - |" in table
 
 
+def test_bench_kernels_counts_the_causal_half_and_stays_under_the_peak():
+    """The TFLOP/s column counts the quadratic forms' causal pairs only (the fused kernels skip
+    the masked half): under the old count, every query against all T keys, the H200 sweep's
+    Pallas forward read above the card's dense bf16 peak. The recounted results file is under
+    it at every row, its times untouched, and --recount is idempotent."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_kernels
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from linear_gpt2.platform import cards
+
+    T = 4096
+    full = bench_kernels.fwd_flops("LT_chunked", 1, T, 12, 64, 64)
+    assert full > 0
+    causal = bench_kernels.fwd_flops("LT_attention_parallel", 1, T, 12, 64, 64)
+    assert causal == 4 * 12 * 64 * T * (T + 1) / 2  # scores and weighted sums of the pairs j <= i
+    path = ROOT / "benchmarks" / "results" / "kernel_sweep_h200_measured.json"
+    data = json.loads(path.read_text())
+    assert data["meta"]["flop_count"] == bench_kernels.FLOP_COUNT
+    rated = [r for r in data["rows"] if r.get("tflops")]
+    assert rated and all(r["tflops"] * 1e12 < cards.H200.peak_bf16_flops for r in rated)
+    again = bench_kernels.recount(json.loads(path.read_text()))
+    for a, b in zip(again["rows"], data["rows"]):
+        assert a["seconds"] == b["seconds"] and a.get("tflops") == pytest.approx(b.get("tflops"))
+
+
 @SLOW
 def test_bench_kernels_tiny(tmp_path):
     out = subprocess.run(

@@ -322,6 +322,8 @@ PARALLEL_FORWARD = {
     "pallas_tiled": "lt_attention_parallel_tiled_fwd",
     "pallas_blocked": "lt_attention_parallel_forward",
 }
+# pallas_tiled_dq: the tiled forward beside its own backward kernels (its cases below).
+FORWARD_OF = {**PARALLEL_FORWARD, "pallas_tiled_dq": "lt_attention_parallel_tiled_fwd"}
 
 
 @functools.cache
@@ -353,6 +355,12 @@ def test_parallel_kernel_equals_the_float64_recurrence(
     """``LT_attention_parallel`` with resets and gates runs each design's Pallas kernel pair (no
     fallback warning, no XLA path) and equals the recurrence: values and gradients with respect
     to q, k, v and the log-gates."""
+    _check_parallel(shape, c, resets_at, decay, feature_map, dtype, kernel)
+
+
+def _check_parallel(shape, c, resets_at, decay, feature_map, dtype, kernel) -> str:
+    """The check of :func:`test_parallel_kernel_equals_the_float64_recurrence`; returns the
+    program's jaxpr."""
     import warnings
 
     dtype = jnp.dtype(dtype)
@@ -366,13 +374,35 @@ def test_parallel_kernel_equals_the_float64_recurrence(
         warnings.simplefilter("error")
         jaxpr = str(jax.make_jaxpr(run)(jnp.asarray(dy), r, *args))
         y, grads = run(jnp.asarray(dy), r, *args)
-    assert PARALLEL_FORWARD[kernel] in jaxpr, "the Pallas forward kernel"
+    assert FORWARD_OF[kernel] in jaxpr, "the Pallas forward kernel"
     g64 = np.zeros(shape[:3], np.float32) if log_gate is None else log_gate
     ref, ref_grads = reference_grads(q, k, v, g64, resets, dy, feature_map)
     tol, gtol = (1e-5, 1e-4) if dtype == "float32" else (1e-2, 2e-2)
     assert rel_err(y, ref) <= tol, rel_err(y, ref)
     for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), grads, ref_grads):
         assert rel_err(np.asarray(g, np.float32), r64) <= gtol, (label, rel_err(g, r64))
+    return jaxpr
+
+
+# pallas_tiled_dq: PARALLEL_CASES' c = 64 case, and its first case in bfloat16 at B = H = 1.
+TILED_DQ_CASES = [
+    PARALLEL_CASES[5],
+    ((1, 61, 1, 24), 16, (16, 31, 35, 38, 40), "gate", "softplus", "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("case", TILED_DQ_CASES, ids=["c64", "bf16-odd"])
+def test_parallel_tiled_dq_backward_equals_the_float64_recurrence(case):
+    """``pallas_tiled_dq`` (the tiled forward, dphi(k), dv and dphi(q) in two kernels without
+    atomics) with resets and gates, against the recurrence: values and gradients with respect to
+    q, k, v and the log-gates. c = 64: the key kernel's query tiles of 32 and the dq kernel's
+    key tiles of 64 are each kernel's own log-gate blocks, resets at both kinds of boundary; in
+    bfloat16, T and D padded (61, 24) and c = 16 capping the tiles, several resets in one block.
+    Both backward kernels run (their names in the jaxpr)."""
+    shape, c, resets_at, decay, feature_map, dtype = case
+    jaxpr = _check_parallel(shape, c, resets_at, decay, feature_map, dtype, "pallas_tiled_dq")
+    assert "lt_attention_parallel_tiled_dkv" in jaxpr and "lt_attention_parallel_tiled_dq" in jaxpr
+    assert "atomic" not in jaxpr
 
 
 @pytest.mark.parametrize("kernel", ["xla", "pallas_tiled", "pallas_blocked"])

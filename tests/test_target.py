@@ -219,6 +219,29 @@ def test_parallel_kernels_with_resets_and_gates_compile_without_spills(kernel, D
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
+@pytest.mark.parametrize("D, forget", [(64, False), (128, True)], ids=["64", "128-forget"])
+def test_parallel_two_kernel_backward_compiles_without_spills(D, forget):
+    """``pallas_tiled_dq``: the tiled forward, its key kernel (dphi(k), dv) and its query kernel
+    (dphi(q)) compile without spills within shared memory, at 64k tokens one program per
+    resident block and head. Every tiling of D 16-128 and c 16-64 compiled without spills when
+    the tiles were chosen (``plan.dq_candidates``)."""
+    from linear_gpt2.kernels.lt_attention_parallel import plan
+
+    T = 65536
+    r = compile_step.compile_attention(
+        "LT_attention_parallel", (1, T, 12, D), "bfloat16", "h100", fail_on_spill=True,
+        chunk_size=64, kernel="pallas_tiled_dq", resets=forget, log_gate=forget,
+    )  # fmt: skip
+    ks = {
+        re.sub(r"__\d+$", "", k.name).removeprefix("lt_attention_parallel_"): k for k in r.kernels
+    }
+    ks = {n: k for n, k in ks.items() if n.startswith("tiled_")}
+    assert set(ks) == {"tiled_fwd", "tiled_dkv", "tiled_dq"}, set(ks)
+    assert all(k.shared_memory <= LIMIT and k.spill_stores in (0, None) for k in ks.values())
+    t = plan.dq_largest(64, D)
+    assert ks["tiled_dkv"].programs == T // t.bk * 12 and ks["tiled_dq"].programs == T // t.bq * 12
+
+
 @SLOW
 @pytest.mark.parametrize("forget", [False, True], ids=["plain", "forget"])
 @pytest.mark.parametrize(

@@ -174,7 +174,7 @@ def kernel_sweep(stage, run_dir, results, dev, env) -> list[Path]:
             meta = meta or {"how": "measured", "environment": {k: data.get(k) for k in (
                 "device_kind", "platform", "jax_version", "jaxlib_version", "git_commit",
                 "time_utc")}, "settings": {k: data.get(k) for k in (
-                "shape", "dtype", "chunk_size", "warmup", "repeats", "interpret_mode")}}  # fmt: skip
+                "shape", "dtype", "chunk_size", "warmup", "repeats", "interpret_mode", "flop_count")}}  # fmt: skip
     if not rows:
         return []
     return [_write_json(results / f"kernel_sweep_{dev}_measured.json", {"meta": meta,

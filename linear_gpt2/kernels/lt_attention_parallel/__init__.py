@@ -8,11 +8,17 @@ module            kernel (grid)
                   program, longest first, streaming key tiles; backward (H, B, T/bk), one
                   resident key block per program streaming query tiles: dphi(k), dv, and
                   dphi(q) by atomic float32 adds
+``tiled_dq``      ``pallas_tiled_dq``: the tiled forward with FlashAttention 2's backward,
+                  no atomics: key kernel (H, B, T/bk), dphi(k) and dv with the scores
+                  transposed (the key block every dot's M side); query kernel (H, B,
+                  T/bq), dphi(q), the forward's shape and tiles
 ``blocked``       ``pallas_blocked``, the first design: forward (T/c, B, H), one query block
                   per program; backward (T/c, B, H): key block j's dphi(k), dv and query
                   block j's dphi(q), two loops
 ``plan``          the tiled kernels' tiles and warps (:class:`plan.Tiles`)
-``cost``          the roofline model of both designs; ``kernel=pallas`` chooses with it
+``cost``          the roofline MODEL of the designs; ``kernel=pallas`` chooses with it
+                  (between ``pallas_tiled`` and ``pallas_blocked``; ``pallas_tiled_dq``
+                  is priced, named by ``kernel=`` only until a GPU times it)
 ``ops``           the choice by shape and the differentiable entry points
 ================  =====================================================================
 
@@ -22,7 +28,9 @@ the log-gates too (``ops.attention``, ``ops.forget_attention``). This ``__init__
 nothing: the oracle never imports Pallas.
 """
 
-# The Pallas kernels of LT_attention_parallel: "pallas" chooses by shape between the two designs.
+# The Pallas kernels of LT_attention_parallel: "pallas" chooses by shape between pallas_tiled and
+# pallas_blocked; pallas_tiled_dq (the two-kernel backward) runs when named.
 TILED = "pallas_tiled"
+TILED_DQ = "pallas_tiled_dq"
 BLOCKED = "pallas_blocked"
-NAMES = ("pallas", TILED, BLOCKED)
+NAMES = ("pallas", TILED, TILED_DQ, BLOCKED)

@@ -31,7 +31,17 @@ bf16 peak implies (``CLOCK_HZ``: 1.83 GHz, 9.4 TB/s). A higher figure favours th
 the L2 bandwidth above which the old kernel's bound would be the lower one.
 
 :func:`choose` is what ``kernel=pallas`` decides with (as ``lt_chunked.cost.choose``): the
-design and tiling with the lowest modelled forward + backward time, launches included.
+design and tiling with the lowest modelled forward + backward time, launches included, between
+``pallas_tiled`` and ``pallas_blocked``. ``pallas_tiled_dq`` (``tiled_dq.py``, FlashAttention 2's
+backward) is the tiled design's ``dq="kernel"`` alternative below, priced as a MODEL beside them
+(:func:`options`) and run when named: by this model it is the slower (a sixth dot per tile pair
+against an atomic float32 add), but the model prices every dot at the dense peak and an atomic
+add as its bytes, and compiled for the H100 the atomic kernel is what the model does not see:
+its adds are ``acq_rel`` atomics (a GPU-wide memory barrier and an L1 invalidation around each,
+in every loop step) and three of its five dots, on 32-row query tiles, take the ``mma.sync``
+path instead of the warpgroup MMA (``tiled_dq.py``). Which backward is faster is for a GPU to
+time (``benchmarks/bench_kernels.py`` runs every kernel name, side by side); ``kernel=pallas``
+keeps the model's choice until then.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ import dataclasses
 import heapq
 import math
 
-from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, TILED
+from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, TILED, TILED_DQ
 from linear_gpt2.kernels.lt_attention_parallel import plan as plan_lib
 from linear_gpt2.kernels.lt_chunked import plan as chunked_plan
 from linear_gpt2.kernels.lt_chunked.cost import F32_BYTES
@@ -234,12 +244,14 @@ def tiled_kernels(
     (H, B, T/bk), key block j walking T/tq - j bk/tq query tiles (5 dots, an atomic add of its
     dq rows), and dq rounded.
 
-    The alternatives ``benchmarks/roofline.py`` prices (not built): ``order="in order"``, the
-    blocks launched shortest first with the heads in turn (the old kernels' grid);
+    The alternatives ``benchmarks/roofline.py`` prices: ``order="in order"``, the blocks
+    launched shortest first with the heads in turn (the old kernels' grid; not built);
     ``dq="kernel"``, dphi(q) in a second kernel of resident query blocks instead of the atomic
-    adds (6 dots per tile pair, as the old kernel and JAX's Pallas flash attention);
+    adds (6 dots per tile pair, as the old kernel and JAX's Pallas flash attention): built as
+    ``pallas_tiled_dq``, its dkv launch key block j walking T/tq - j bk/tq query tiles with 4
+    dots each, its dq launch the forward's shape with 2;
     ``segments``: each query block's key range split in parts whose partial sums XLA adds
-    (split-K, as flash-decoding)."""
+    (split-K, as flash-decoding; not built)."""
     BH = B * H
     seq, rows, acc = BH * T * D * s, BH * T * F32_BYTES, BH * T * D * F32_BYTES
     out = _forward_launch("tiled_fwd", B, T, H, D, s, t.bq, t.tk, order, segments, l2)
@@ -292,29 +304,36 @@ class Choice:
 
 def options(B: int, T: int, H: int, D: int, c: int, s: int) -> dict[str, tuple[float, object]]:
     """{label: (modelled fwd+bwd seconds, tiles or None)} of every design and tiling at
-    ``[B, T, H, D]`` (T a multiple of c, D padded): the old kernels at T, each tiling at T
-    padded to its resident blocks."""
+    ``[B, T, H, D]`` (T a multiple of c, D padded): the old kernels at T, each tiling of the
+    tiled kernels and of ``pallas_tiled_dq`` (:func:`tiled_kernels` with ``dq="kernel"``: its
+    dkv and dq launches) at T padded to its resident blocks. A MODEL (module docstring)."""
     out: dict[str, tuple[float, object]] = {}
     ct = blocked_tile(c, D)
     out[BLOCKED] = (design_seconds(blocked_kernels(B, T, H, D, s, ct, True)), None)
     for t in plan_lib.candidates(c, D):
         Tp = plan_lib.padded_length(T, t)
         out[f"{TILED} {t.describe()}"] = (design_seconds(tiled_kernels(B, Tp, H, D, s, t, True)), t)
+    for t in plan_lib.dq_candidates(c, D):
+        Tp = plan_lib.padded_length(T, t)
+        costs = tiled_kernels(B, Tp, H, D, s, t, True, dq="kernel")
+        out[f"{TILED_DQ} {t.describe()}"] = (design_seconds(costs), t)
     return out
 
 
 def choose(B: int, T: int, H: int, D: int, c: int, s: int, kernel: str = "pallas") -> Choice:
     """The design ``kernel`` runs at ``[B, T, H, D]`` (T a multiple of c, D padded) with s bytes
     per element: for ``pallas`` the design and tiling with the lowest modelled forward + backward
-    time; for ``pallas_tiled`` its best tiling; for ``pallas_blocked`` the old kernels."""
+    time of ``pallas_tiled`` and ``pallas_blocked``; for ``pallas_tiled`` and
+    ``pallas_tiled_dq`` their best tiling; for ``pallas_blocked`` the old kernels."""
     opts = options(B, T, H, D, c, s)
     allowed = {
-        "pallas": list(opts),
-        TILED: [k for k in opts if k.startswith(TILED)],
+        "pallas": [k for k in opts if not k.startswith(TILED_DQ)],
+        TILED: [k for k in opts if k.startswith(TILED + " ")],
+        TILED_DQ: [k for k in opts if k.startswith(TILED_DQ + " ")],
         BLOCKED: [BLOCKED],
     }[kernel]
     best = min(allowed, key=lambda k: opts[k][0])
     seconds = {k: v[0] for k, v in opts.items()}
     reason = "modelled fwd+bwd " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in seconds.items())
     tiles = opts[best][1]
-    return Choice(TILED if tiles is not None else BLOCKED, tiles, reason, seconds)
+    return Choice(best.split(" ")[0], tiles, reason, seconds)

@@ -1,10 +1,13 @@
 """The differentiable ``LT_attention_parallel`` kernels, and the choice between the designs.
 
 ``kernel`` (``attention.kernel``): ``pallas_tiled`` (``tiled.py``: resident 128-row blocks,
-programs longest first, one backward kernel with atomic dq), ``pallas_blocked`` (``blocked.py``:
-the first design, one query block per program, a two-loop backward kernel), or ``pallas``, which
-asks the roofline model (``cost.choose``) for the design and tiling with the lower modelled
-forward + backward time at the shape, and notes the choice once per shape (logged at INFO,
+programs longest first, one backward kernel with atomic dq), ``pallas_tiled_dq``
+(``tiled_dq.py``: the same forward, FlashAttention 2's two backward kernels without atomics),
+``pallas_blocked`` (``blocked.py``: the first design, one query block per program, a two-loop
+backward kernel), or ``pallas``, which asks the roofline model (``cost.choose``) for the design
+and tiling with the lower modelled forward + backward time at the shape (between
+``pallas_tiled`` and ``pallas_blocked``: the model does not price what separates the two tiled
+backwards, ``cost.py``), and notes the choice once per shape (logged at INFO,
 printed by the trainer and ``scripts/compile.py``), as ``LT_chunked``'s ``kernel=pallas`` does.
 """
 
@@ -18,7 +21,7 @@ import numpy as np
 
 from linear_gpt2 import kernels
 from linear_gpt2.kernels import key_blocks
-from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, NAMES, TILED, cost, plan
+from linear_gpt2.kernels.lt_attention_parallel import BLOCKED, NAMES, TILED, TILED_DQ, cost, plan
 
 _LOGGED: set = set()
 
@@ -70,6 +73,10 @@ def attention(fq, fk, v, c: int, eps: float, kernel: str = "pallas") -> jax.Arra
         from linear_gpt2.kernels.lt_attention_parallel import blocked
 
         return blocked.blocked_attention(fq, fk, v, c, eps)
+    if choice.kernel == TILED_DQ:
+        from linear_gpt2.kernels.lt_attention_parallel import tiled_dq
+
+        return tiled_dq.attention(fq, fk, v, c, eps, choice.tiles)
     from linear_gpt2.kernels.lt_attention_parallel import tiled
 
     return tiled.attention(fq, fk, v, c, eps, choice.tiles)
@@ -86,6 +93,10 @@ def forget_attention(fq, fk, v, log_gate, seg, c: int, eps: float, kernel: str =
         from linear_gpt2.kernels.lt_attention_parallel import blocked
 
         return blocked.blocked_forget_attention(fq, fk, v, log_gate, seg, c, eps)
+    if choice.kernel == TILED_DQ:
+        from linear_gpt2.kernels.lt_attention_parallel import tiled_dq
+
+        return tiled_dq.forget_attention(fq, fk, v, log_gate, seg, c, eps, choice.tiles)
     from linear_gpt2.kernels.lt_attention_parallel import tiled
 
     return tiled.forget_attention(fq, fk, v, log_gate, seg, c, eps, choice.tiles)
@@ -139,6 +150,26 @@ def _block_kernels(design: tuple, c: int, eps: float, nk: int):
 
         return forward, backward, c
     from linear_gpt2.kernels.lt_attention_parallel import tiled
+
+    if kernel == TILED_DQ:
+        from linear_gpt2.kernels.lt_attention_parallel import tiled_dq
+
+        def forward(fq, fk, v, log_gate, seg):
+            g = None if log_gate is None else (*repeat(*tiled.block_gates(log_gate, t.tk)), seg)
+            return tiled.forward(fq, fk, v, t, eps, g, normalise=False)
+
+        def backward(fq, fk, v, y, dy, den, log_gate, seg):
+            gates = None
+            if log_gate is not None:
+                fwd = repeat(*tiled.block_gates(log_gate, t.tk))
+                bwd = fwd if t.tq == t.tk else repeat(*tiled.block_gates(log_gate, t.tq))
+                gates = (fwd, bwd, seg)
+            out = tiled_dq.backward(fq, fk, v, y, dy, den, t, eps, gates)
+            if gates is None:
+                return (*out, None)
+            return (*out[:3], jnp.swapaxes(out[3] - out[4], 1, 2))
+
+        return forward, backward, t.pad
 
     def gates(log_gate, seg, rows: int):
         if log_gate is None:
@@ -222,8 +253,8 @@ def _split_attention(fq, fk, v, log_gate, seg, c: int, eps: float, choice: cost.
 
 
 def design(kernel: str, B: int, T: int, H: int, D: int, c: int, dtype) -> str:
-    """What ``kernel`` runs at ``[B, T, H, D]`` (T a multiple of c, D padded): ``pallas_tiled``
-    or ``pallas_blocked`` (for benchmarks' ``kernel_design``)."""
+    """What ``kernel`` runs at ``[B, T, H, D]`` (T a multiple of c, D padded): ``pallas_tiled``,
+    ``pallas_tiled_dq`` or ``pallas_blocked`` (for benchmarks' ``kernel_design``)."""
     return choose(kernel, B, T, H, D, c, dtype).kernel
 
 

@@ -79,6 +79,39 @@ def largest(c: int, D: int) -> Tiles:
     return candidates(c, D)[0]
 
 
+# The two-kernel backward (``tiled_dq.py``): its key kernel's resident key block at most, per
+# padded head dim, and its query tile. The scores are formed transposed, so the key block is
+# the M side of every dot (the warpgroup MMA's needs 64 rows or more); the block holds two
+# float32 [bk, D] accumulators and the [bk, tq] scores and cotangents, but no dq rows: 128 rows
+# compile without spills at every D (the atomic kernel's limit was 64 at D = 128 and 32 at
+# D <= 32), with resets and gates too; at D = 128 a 64-row block would split each warpgroup
+# MMA of the [bk, tq] scores to 16 columns for the same one program per SM. Query tiles of 32
+# keep the D = 64 kernel within half the registers (two programs per SM, as the forward),
+# where tiles of 64 took one.
+MAX_DKV_BLOCK = {16: 128, 32: 128, 64: 128, 128: 128}
+MAX_DKV_QUERY_TILE = 32
+
+
+def dq_candidates(c: int, D: int) -> list[Tiles]:
+    """The tilings of the two-kernel backward for block size c at padded head dim D: the
+    forward's query blocks and key tiles (its dq kernel has the forward's shape and tiles), and
+    the key kernel's blocks of two key tiles or one (at most :data:`MAX_DKV_BLOCK` rows)
+    streaming query tiles of :data:`MAX_DKV_QUERY_TILE` (the block size caps every tile)."""
+    tq = min(c, MAX_DKV_QUERY_TILE)
+    out = []
+    for mult, fwd in zip((2, 1), candidates(c, D) * 2):
+        bk = max(min(mult * fwd.tk, MAX_DKV_BLOCK[D]), tq)
+        t = Tiles(bq=fwd.bq, tk=fwd.tk, bk=bk, tq=tq)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def dq_largest(c: int, D: int) -> Tiles:
+    """The two-kernel backward's tiling with the largest resident blocks."""
+    return dq_candidates(c, D)[0]
+
+
 def padded_length(T: int, t: Tiles) -> int:
     return -(-T // t.pad) * t.pad
 
@@ -88,6 +121,9 @@ def padded_length(T: int, t: Tiles) -> int:
 _WARPS = {
     "fwd": {16: 4, 32: 4, 64: 8, 128: 8},
     "bwd": {16: 4, 32: 8, 64: 8, 128: 8},
+    # the two-kernel backward: dq has the forward's shape and warps
+    "dkv": {16: 8, 32: 8, 64: 8, 128: 8},
+    "dq": {16: 4, 32: 4, 64: 8, 128: 8},
 }
 
 

@@ -42,6 +42,12 @@ FlashAttention 2's backward accumulates dQ), so no second loop recomputes it. Th
 zeroes the accumulator and rounds it at the end, and float32 additions in the order the programs
 reach a row are not bit-reproducible from run to run on a GPU (interpret mode runs the programs
 in order).
+Compiled for the H100 the adds are ``acq_rel`` atomics, a GPU-wide memory barrier and an L1
+invalidation around each (Pallas's ``atomic_add`` takes no memory order: its Triton lowering
+fixes acquire-release, jax 0.11.2), and the three dots with the 32-row query tile on
+their M side take the ``mma.sync`` path, not the warpgroup MMA; ``tiled_dq.py``
+(``kernel=pallas_tiled_dq``) is FlashAttention 2's backward without either, kept beside this one
+until a GPU times both (``cost.py``).
 
 **Forgetting** (:func:`forget_attention`): the kernels also read the block-local cumulative
 log-gates b (inclusive: the sum of log gamma from the block's first row to i) and e (exclusive
