@@ -18,9 +18,11 @@ Values set explicitly in the config are kept; only ``auto`` fields vary. :func:`
 *estimates* every candidate from the configuration alone (:func:`estimate`: nothing compiled):
 its memory per device (parameters, AdamW state and gradients, each sharded as FSDP shards
 them; the activations autodiff keeps for the backward, by remat policy, read from JAX's own
-list of saved residuals traced at one device's shapes; the largest working set beside them:
-one block's backward, which with the Pallas glue kernels (``auto`` on a GPU) holds the
-cotangent of everything the block saved, or the head's float32 logits by ``loss_chunk``; under
+list of saved residuals traced at one device's shapes, and under context parallelism what the
+attention's slices keep besides, from its context-parallel form traced apart; the largest
+working set beside them: one block's backward, which with the Pallas glue kernels (``auto``
+on a GPU) holds the cotangent of everything the block saved, or the head's float32 logits by
+``loss_chunk``; under
 FSDP the embedding gathered whole for the tied head) and a modelled step time (FLOPs, HBM
 bytes, host transfers and the collectives of FSDP and context parallelism, each at an assumed
 rate). It then compiles, fastest first, only the candidates whose estimate fits the budget with a margin
@@ -456,13 +458,12 @@ def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
     whole_sequence = whole_sequence and not (shape.fsdp and shape.devices > 1)
     kept_dev = L * layer_dev + rest_dev
     if cp > 1 and cfg.spec.family == "softmax":
-        # flash's ring: the K and V received from the other slices stay for the backward (each
-        # layer's, when nothing is recomputed), and float32 dK, dV travel round it.
-        received = (cp - 1) * 2 * tokens * C * jnp.dtype(cfg.dtype).itemsize
-        if cfg.remat == "none":
-            kept_dev += L * received
-        else:
-            block_work += received
+        # flash's ring: one layer's backward holds the K and V it receives from the other
+        # slices again, and float32 dK, dV travel round it. Nothing received is kept from the
+        # forward, whatever the remat policy: the compiled steps keep no layer's (the shipped
+        # 2M-token config at remat none compiles to what this working set gives, not to every
+        # layer's received K and V more).
+        block_work += (cp - 1) * 2 * tokens * C * jnp.dtype(cfg.dtype).itemsize
         block_work += 2 * f32_stream
     parts = {
         "parameters and AdamW state": 3 * params,
