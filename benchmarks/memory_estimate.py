@@ -29,13 +29,33 @@ sys.path.insert(0, str(REPO))
 
 RESULTS = REPO / "benchmarks" / "results"
 STEM = "memory_estimate_h100_compiled"
-# Compiled here at this commit: (name, config file, overrides, target).
+# Compiled here at this commit: (name, config file, overrides, target, settings), settings None
+# for every rung of the ladder, else the labels compiled (where a rung's compile takes minutes
+# and is far over any budget, only those the plan compiles and the next rung down).
+_256K = ("model.block_size=262144", "data.context=262144", "train.tokens_per_update=262144")
 FRESH = (
     ("124M LT_chunked 64k, one GPU", "configs/post/124M_LT_chunked_64k.yaml",
-     ("train.tokens_per_update=65536",), "h100"),
+     ("train.tokens_per_update=65536",), "h100", None),
     ("124M LT_chunked 256k over 8 GPUs (context parallel)", "configs/long/124M_LT_chunked_8M_cp8.yaml",
-     ("model.block_size=262144", "data.context=262144", "train.tokens_per_update=262144"),
-     "h100x8"),
+     _256K, "h100x8", None),
+    # The context-parallel step at half and twice the slice: the estimate's context-parallel
+    # terms (the slices' kept state inputs, the head's logits sharing the backward's space)
+    # across lengths.
+    ("124M LT_chunked 128k over 8 GPUs (context parallel)", "configs/long/124M_LT_chunked_8M_cp8.yaml",
+     ("model.block_size=131072", "data.context=131072", "train.tokens_per_update=131072"),
+     "h100x8", None),
+    ("124M LT_chunked 512k over 8 GPUs (context parallel)", "configs/long/124M_LT_chunked_8M_cp8.yaml",
+     ("model.block_size=524288", "data.context=524288", "train.tokens_per_update=524288"),
+     "h100x8", None),
+    # The shipped context-parallel configs as they are (configs/long/): the rungs auto compiles
+    # and, where its estimate is near the budget, the next one up (8M: remat=full; flash:
+    # loss_chunk=4096 remat=none).
+    ("124M LT_chunked 8M over 8 GPUs (shipped)", "configs/long/124M_LT_chunked_8M_cp8.yaml", (),
+     "h100x8", ("loss_chunk=4096 remat=full", "loss_chunk=4096 remat=offload")),
+    ("1.6B LT_chunked 1M over 8 GPUs (shipped)", "configs/long/1.6B_LT_chunked_1M_cp8.yaml", (),
+     "h100x8", ("loss_chunk=4096 remat=full", "loss_chunk=4096 remat=offload")),
+    ("124M flash 2M over 8 GPUs (shipped)", "configs/long/124M_flash_2M_cp8.yaml", (), "h100x8",
+     ("loss_chunk=4096 remat=none", "loss_chunk=4096 remat=dots", "loss_chunk=4096 remat=full")),
 )  # fmt: skip
 
 
@@ -119,17 +139,10 @@ def _points(results: Path):
                    m, StepShape(1, p["context"]), compiled)  # fmt: skip
 
 
-# Plans shown beside the fresh points: the issue's example, whose compiled settings the
-# context-parallel raw file records.
-PLANS = (
-    ("124M LT_chunked 8M over 8 GPUs", "configs/long/124M_LT_chunked_8M_cp8.yaml", (), "h100x8"),
-)
-
-
-def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict, rows: list[dict]) -> dict:
-    """What ``memory_plan.plan`` does for a config with ``auto`` settings: its estimates, the
-    candidates it compiles (their compiled memory taken from the raw files instead of
-    compiling again) and its choice."""
+def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict) -> dict:
+    """What ``memory_plan.plan`` does for a fresh point's config with ``auto`` settings: its
+    estimates, the candidates it compiles (their compiled memory taken from the raw file
+    instead of compiling again) and its choice."""
     from linear_gpt2.platform import target
     from linear_gpt2.platform.memory import MemoryReport
     from linear_gpt2.training import memory_plan
@@ -138,9 +151,6 @@ def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict, rows: list[d
     m = m.replace(remat="auto", loss_chunk="auto")
     known = {f["setting"]: f["compiled_bytes"] for k, f in fresh.items()
              if k.startswith(f"{name}: ")}  # fmt: skip
-    if not overrides:  # the config as shipped: its compiles in the raw files (XLA's glue)
-        m = m.replace(**xla_glue())
-        known.update({r["setting"]: r["compiled_bytes"] for r in rows if r["point"] == file})
     estimates = {}
 
     def estimate(c):
@@ -149,7 +159,12 @@ def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict, rows: list[d
         return e
 
     def compile_candidate(c):
-        total = known[memory_plan.label(c)]  # KeyError: the plan needs a compile not on file
+        if memory_plan.label(c) not in known:
+            raise SystemExit(
+                f"{name}: the plan compiles {memory_plan.label(c)}, which the raw "
+                "file lacks; add it to FRESH's settings and run without --no-compile"
+            )
+        total = known[memory_plan.label(c)]
         return MemoryReport(arguments=0, outputs=0, temporaries=total, aliased=0), None
 
     budget = target.get(tgt).budget_bytes
@@ -174,11 +189,11 @@ def compile_fresh(cache: dict, restart: bool) -> None:
     from linear_gpt2.platform import target as targets
     from linear_gpt2.training import memory_plan
 
-    for name, file, overrides, target in FRESH:
+    for name, file, overrides, target, settings in FRESH:
         _, m, shape, batch = run_config(file, overrides, target)
         for c in memory_plan.candidates(m):
             key = f"{name}: {memory_plan.label(c)}"
-            if key in cache and not restart:
+            if (key in cache and not restart) or settings and memory_plan.label(c) not in settings:
                 continue
             t0 = time.perf_counter()
             r = compile_step.compile_train_step(
@@ -208,12 +223,13 @@ def main(argv=None) -> int:
 
     path = args.out / f"{STEM}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    fresh = old.get("fresh", {})
+    fresh = {k: f for k, f in old.get("fresh", {}).items()  # points no longer listed dropped
+             if any(k.startswith(f"{p[0]}: ") for p in FRESH)}  # fmt: skip
     if not args.no_compile:
         compile_fresh(fresh, args.restart)
     rows = []
     todo = list(points(args.results))
-    for name, file, overrides, tgt in FRESH:
+    for name, file, overrides, tgt, _ in FRESH:
         _, m, shape, _ = run_config(file, overrides, tgt)
         for key, f in fresh.items():
             if key.startswith(f"{name}: "):
@@ -234,8 +250,7 @@ def main(argv=None) -> int:
         print(f"{group[:14]:<14} {point[:44]:<44} {memory_plan.label(m):<28} "
               f"est {e.memory / 2**30:7.2f} compiled {compiled / 2**30:7.2f} GiB "
               f"({e.memory / compiled - 1:+.1%})", flush=True)  # fmt: skip
-    plans = [plan_of(name, file, overrides, tgt, fresh, rows)
-             for name, file, overrides, tgt in (*FRESH, *PLANS)]  # fmt: skip
+    plans = [plan_of(name, file, overrides, tgt, fresh) for name, file, overrides, tgt, _ in FRESH]
     summary = {}
     for g in dict.fromkeys(r["group"] for r in rows):
         errs = [r["error"] for r in rows if r["group"] == g]
@@ -256,7 +271,7 @@ def main(argv=None) -> int:
         "settings": {"estimate_margin": memory_plan.ESTIMATE_MARGIN,
                      "unrolled_estimate_margin": memory_plan.UNROLLED_ESTIMATE_MARGIN,
                      "budget_bytes": target.get("h100").budget_bytes,
-                     "fresh": [list(f[:3]) + [f[3]] for f in FRESH]},
+                     "fresh": [list(f) for f in FRESH]},
     }  # fmt: skip
     out = {"meta": meta, "summary": summary, "plans": plans, "rows": rows, "fresh": fresh}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -154,19 +154,27 @@ def test_the_issues_context_parallel_example_plans_the_chunked_loss():
         _estimate_holds(e.memory, compiled)
 
 
+@SLOW
 def test_the_estimate_is_within_the_margin_of_the_steps_compiled_with_autos_glue():
     """The fresh points of the results file (benchmarks/memory_estimate.py: 124M LT_chunked at
-    64k on one H100 and the issue's example, 256k over 8 with FSDP, at every rung), compiled
-    with the step's glue as ``auto`` resolves it for the H100s (the Pallas kernels) at the
-    commit the file records: each estimate within the stated accuracy of its compiled memory,
-    where the estimate calibrated on XLA's glue alone fell short by up to a third."""
+    64k on one H100; 128k, 256k (the issue's example) and 512k over 8 with FSDP and context
+    parallelism, at every rung; the shipped context-parallel configs at the rungs auto
+    compiles and the next one up), compiled with the step's glue as ``auto`` resolves it
+    for the H100s (the Pallas kernels) at the commit the file records: each estimate within
+    FRESH_ACCURACY of its compiled memory, either way, where the estimate calibrated on XLA's
+    glue alone fell short by up to a third, and the one-device trace alone (without what the
+    slices keep) by up to 10% under context parallelism."""
     from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform import target
     from linear_gpt2.training.batches import plan_batches
     from linear_gpt2.training.config import load_config
 
-    fresh = json.loads((RESULTS / "memory_estimate_h100_compiled.json").read_text())["fresh"]
-    assert len(fresh) == 2 * len(mp.LADDER), sorted(fresh)
+    raw = json.loads((RESULTS / "memory_estimate_h100_compiled.json").read_text())
+    fresh = raw["fresh"]
+    points = raw["meta"]["settings"]["fresh"]
+    assert len(fresh) == sum(len(p[4] or mp.LADDER) for p in points), sorted(fresh)
+    parallel = [k for k, f in fresh.items() if "context parallel" in k]
+    assert len(parallel) >= 3 * len(mp.LADDER), sorted(fresh)
     for key, f in fresh.items():
         assert f.get("pallas_glue"), key  # compiled with the kernels
         run = load_config(RESULTS.parents[1] / f["config"], f["overrides"])
@@ -179,7 +187,32 @@ def test_the_estimate_is_within_the_margin_of_the_steps_compiled_with_autos_glue
         with target.traced_for(t):
             assert mp.pallas_glue(cfg), key  # auto: the kernels, as compiled
             e = mp.estimate(cfg, shape)
-        _estimate_holds(e.memory, f["compiled_bytes"], key)
+        _estimate_holds(e.memory, f["compiled_bytes"], key, FRESH_ACCURACY)
+
+
+def test_context_parallel_slices_keep_their_state_inputs():
+    """The linear family's context-parallel form keeps, per layer and beyond what one device's
+    trace of the slice counts, the slice state's inputs (kernels/context.py): with the Pallas
+    kernels of the H100 at the issue's example (124M LT_chunked, 32k positions per GPU), two
+    [B, T/N, H, D] bf16 arrays, as the compiled step keeps two more [L, B, T/N, H, D] stacks
+    (benchmarks/results/memory_estimate_h100_compiled.md); nothing when the block's remat
+    policy recomputes the attention."""
+    from linear_gpt2.platform import target
+
+    cfg = ModelConfig.preset("124M", attention="LT_chunked", dtype="bfloat16", chunk_size=64,
+                             block_size=2**18, loss_chunk=4096)  # fmt: skip
+    B, S, cp = 1, 2**15, 8
+    array = B * S * cfg.n_head * cfg.head_dim * 2
+    with target.traced_for("h100x8"):
+        extra = {r: mp._context_parallel_extra(cfg.replace(remat=r), B, S, cp, "gpu")
+                 for r in ("none", "dots", "full", "offload")}  # fmt: skip
+        split, alone = (mp.estimate(cfg.replace(remat="none"), s) for s in (
+            mp.StepShape(B, S * cp, devices=cp, context_parallel=cp, fsdp=True),
+            mp.StepShape(B, S, devices=cp, fsdp=True)))  # the slice on one device  # fmt: skip
+    assert 2 * array <= extra["none"] < 2.05 * array
+    assert extra["dots"] == extra["full"] == extra["offload"] == 0
+    kept = split.parts["activations kept"] - alone.parts["activations kept"]
+    assert kept == cfg.n_layer * extra["none"]
 
 
 # How far the estimate may fall from the compiled memory on these points, either way: an
@@ -188,6 +221,14 @@ def test_the_estimate_is_within_the_margin_of_the_steps_compiled_with_autos_glue
 ACCURACY = 0.25
 
 
-def _estimate_holds(estimate: float, compiled: float, what: str = "") -> None:
-    assert abs(estimate / compiled - 1) < ACCURACY, what
+# The same on the fresh points, compiled with auto's glue at the writing commit: above their
+# largest error (the shipped 8M-token context-parallel config with offload, under) and below
+# the 10% the one-device trace alone misses the context-parallel steps at remat none by.
+FRESH_ACCURACY = 0.09
+
+
+def _estimate_holds(
+    estimate: float, compiled: float, what: str = "", accuracy: float = ACCURACY
+) -> None:
+    assert abs(estimate / compiled - 1) < accuracy, what
     assert estimate <= compiled * (1 + mp.ESTIMATE_MARGIN), what  # never skipped when it fits

@@ -18,9 +18,11 @@ Values set explicitly in the config are kept; only ``auto`` fields vary. :func:`
 *estimates* every candidate from the configuration alone (:func:`estimate`: nothing compiled):
 its memory per device (parameters, AdamW state and gradients, each sharded as FSDP shards
 them; the activations autodiff keeps for the backward, by remat policy, read from JAX's own
-list of saved residuals traced at one device's shapes; the largest working set beside them:
-one block's backward, which with the Pallas glue kernels (``auto`` on a GPU) holds the
-cotangent of everything the block saved, or the head's float32 logits by ``loss_chunk``; under
+list of saved residuals traced at one device's shapes, and under context parallelism what the
+attention's slices keep besides, from its context-parallel form traced apart; the largest
+working set beside them: one block's backward, which with the Pallas glue kernels (``auto``
+on a GPU) holds the cotangent of everything the block saved, or the head's float32 logits by
+``loss_chunk``; under
 FSDP the embedding gathered whole for the tied head) and a modelled step time (FLOPs, HBM
 bytes, host transfers and the collectives of FSDP and context parallelism, each at an assumed
 rate). It then compiles, fastest first, only the candidates whose estimate fits the budget with a margin
@@ -227,6 +229,66 @@ def _saved_bytes(
     return device, host
 
 
+def _attention_saved(cfg: ModelConfig, batch: int, positions: int, slices: int) -> int:
+    """Bytes per device that one layer's attention keeps for its backward (its inputs q, k, v
+    counted when kept), under the block's remat policy: traced, not compiled, on ``batch``
+    sequences of ``positions`` tokens per device. With ``slices`` > 1 the sequence is split
+    over a ``seq`` mesh axis of that size (the abstract mesh in context, resized) and the
+    variant runs its context-parallel form (``attention/context.py``): every residual of that
+    trace is either split along the sequence or one slice's own, stacked over the slices, so
+    one device holds 1/``slices`` of the total."""
+    from linear_gpt2.model.gpt import remat_policy
+    from linear_gpt2.platform.mesh import DATA, SEQ
+
+    H, D, Dk = cfg.n_head, cfg.head_dim, cfg.qk_dim
+    T = positions * slices
+    fn = cfg.spec.build(cfg.attention_options)
+    args = [jax.ShapeDtypeStruct((batch, T, H, d), jnp.dtype(cfg.dtype)) for d in (Dk, Dk, D)]
+    names = []  # the forgetting the block passes (model/gpt.py: CausalSelfAttention)
+    if cfg.doc_reset:
+        names.append("resets")
+        args.append(jax.ShapeDtypeStruct((batch, T), jnp.bool_))
+    if cfg.decay != "none":
+        names.append("log_gate")
+        args.append(jax.ShapeDtypeStruct((batch, T, H), jnp.float32))
+
+    def attend(q, k, v, *forget):
+        return jnp.sum(fn(q, k, v, **dict(zip(names, forget))).astype(jnp.float32))
+
+    policy = remat_policy(cfg.remat)
+    f = attend if policy is None else jax.checkpoint(attend, policy=policy, prevent_cse=False)
+
+    def total() -> int:
+        return sum(math.prod(a.shape) * a.dtype.itemsize for a, _ in _saved_residuals(f, *args))
+
+    if slices == 1:
+        return total()
+    # The traced-for mesh resized to (data 1, seq ``slices``), on the same kind of device (the
+    # kernels chosen for it); JAX does not resize a mesh in context, so it is left first.
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    split = jax.sharding.AbstractMesh((1, slices), (DATA, SEQ), auto, abstract_device=device)
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        with jax.sharding.use_abstract_mesh(split):
+            return total() // slices
+
+
+@functools.lru_cache(maxsize=64)
+def _context_parallel_extra(
+    cfg: ModelConfig, batch: int, positions: int, slices: int, platform: str
+) -> int:
+    """Bytes per device and layer that the attention's context-parallel form keeps beyond what
+    its one-device form keeps at the slice's shapes (what the one-device trace of the model
+    misses). For the linear family these are the slice state's own residuals
+    (``kernels/context.py``: the weighted key features of its ``S = sum_j w_j phi(k_j) v_j^T``,
+    and with the Pallas kernels, which take the raw keys and keep their own features, the raw
+    keys phi's gradient reads): ``[B, T/N, H, D]`` arrays, two per layer on a GPU, without
+    remat; none under a remat policy that recomputes the attention. ``platform`` keys the
+    cache (the kernels traced depend on it)."""
+    return max(0, _attention_saved(cfg, batch, positions, slices)
+               - _attention_saved(cfg, batch, positions, 1))  # fmt: skip
+
+
 def _layer_and_rest(cfg: ModelConfig, shape: StepShape) -> tuple[tuple[int, int], tuple[int, int]]:
     """Saved bytes (device, host) of one block, and of everything else (embeddings, final
     LayerNorm, head and loss), from traces with one and two layers (the blocks are alike)."""
@@ -373,25 +435,35 @@ def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
         block_work = plain - layer_dev + 2 * f32_stream
     if pallas_glue(cfg):
         block_work = max(block_work, plain + 3 * f32_stream)
+    cp = shape.context_parallel
+    if cp > 1 and cfg.spec.family != "softmax":
+        # The model was traced at one device's shapes, where the attention runs its one-device
+        # form; the slices' form keeps more per layer (the slice state's inputs), traced apart.
+        # Kept only: the compiled steps' backward working sets show no more for it.
+        from linear_gpt2.platform.device import platform
+
+        layer_dev += _context_parallel_extra(cfg, B, S, cp, platform())
     # At the head: the plain head (XLA's loss, loss_chunk 0) keeps its float32 logits (among
     # the residuals) and its backward holds their gradient in the compute dtype; the chunked
     # loss computes its gradient in the forward, holding one chunk's float32 logits while
     # everything kept is alive, and with a Pallas loss kernel and no chunking the whole
     # sequence is that one chunk (model/gpt.py). Those whole-sequence logits, the program's
-    # largest buffer, get a place of their own in the compiled step: the backward's buffers
-    # are laid beside them, not in their space (the memory-usage report of the compiled
-    # plain-head step), so that head's working set adds to the blocks' instead of sharing it.
+    # largest buffer, get a place of their own in the one-device step: the backward's
+    # buffers are laid beside them, not in their space (the memory-usage reports of the
+    # compiled plain-head steps), so that head's working set adds to the blocks' instead of
+    # sharing it. With FSDP over several devices (context parallel or not) the compiled steps
+    # lay the backward's buffers in the logits' space after all, as their lifetimes allow
+    # (the loss's gradient is computed in the forward): there the two share it.
     head_work, whole_sequence = _head_work(cfg, tokens)
+    whole_sequence = whole_sequence and not (shape.fsdp and shape.devices > 1)
     kept_dev = L * layer_dev + rest_dev
-    cp = shape.context_parallel
     if cp > 1 and cfg.spec.family == "softmax":
-        # flash's ring: the K and V received from the other slices stay for the backward (each
-        # layer's, when nothing is recomputed), and float32 dK, dV travel round it.
-        received = (cp - 1) * 2 * tokens * C * jnp.dtype(cfg.dtype).itemsize
-        if cfg.remat == "none":
-            kept_dev += L * received
-        else:
-            block_work += received
+        # flash's ring: one layer's backward holds the K and V it receives from the other
+        # slices again, and float32 dK, dV travel round it. Nothing received is kept from the
+        # forward, whatever the remat policy: the compiled steps keep no layer's (the shipped
+        # 2M-token config at remat none compiles to what this working set gives, not to every
+        # layer's received K and V more).
+        block_work += (cp - 1) * 2 * tokens * C * jnp.dtype(cfg.dtype).itemsize
         block_work += 2 * f32_stream
     parts = {
         "parameters and AdamW state": 3 * params,

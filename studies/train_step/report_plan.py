@@ -47,7 +47,11 @@ def estimate_page(raw: Raw) -> str:
         "residuals, traced at one device's shapes with one and two layers: nothing compiled), "
         "and the backward's largest working set (one block's recomputed activations and the "
         "stream's cotangents, or the plain head's logit gradients; with `flash`'s ring under "
-        "context parallelism, the K and V it received). It compiles only the candidates whose "
+        "context parallelism, the K and V it received). Under context parallelism the linear "
+        "family's slices also keep their slice state's inputs (`kernels/context.py`), which "
+        "the one-device trace does not see: the attention alone is traced in its "
+        "context-parallel form and in its one-device form, and the difference is added per "
+        "layer. It compiles only the candidates whose "
         f"estimate is at most the budget plus {margin:.0%}, fastest first by a MODELLED step "
         "time, and takes the first whose compiled memory fits. Here every setting compiled "
         "for an H100 target in `benchmarks/results/` is estimated at this commit and set "
@@ -81,8 +85,11 @@ def estimate_page(raw: Raw) -> str:
         "the estimate, decides what fits. The estimate is low where an attention's backward "
         "holds more than its residuals: XLA's quadratic `softmax`, `LT_state_parallel` and "
         "`LT_attention_parallel_no_flash` under rematerialisation (their score or state "
-        "tensors), and steps compiled past the device's memory, where XLA's own "
-        "rematerialisation is at work.",
+        "tensors), steps compiled past the device's memory, where XLA's own "
+        "rematerialisation is at work, and the context-parallel steps of `configs/long` "
+        "compiled with XLA's glue, where XLA lays the kept block inputs out a second time, "
+        "transposed, for the backward (the 1.6B point's buffer assignment; with `auto`'s "
+        "kernels the same step, among the fresh points, keeps them once).",
     ]
     if d.get("plans"):
         lines += ["", "## What `auto` compiles", ""]
