@@ -84,6 +84,42 @@ def test_model_under_context_parallelism_equals_one_device(variant):
         assert loss[(False, "gate")] != loss[(False, "none")]
 
 
+@SLOW
+def test_data_parallel_attention_runs_each_devices_own_sequences():
+    """Under a ``data`` mesh in context (as the trainer traces for GPUs) the attention runs
+    inside ``shard_map`` over ``data`` (``attention.context.over_batch``): on 2 host devices
+    LT_chunked's Pallas kernels (interpret mode) with resets and the gate give one device's loss
+    and gradients; compiled for h100x8, the data-parallel step's LT kernels launch the programs
+    of one sequence, not of all eight (a custom call is not split by XLA's partitioner: it ran
+    the whole batch on every GPU)."""
+    from linear_gpt2.experiments.compile_step import compile_train_step
+    from linear_gpt2.model.config import ModelConfig
+
+    out = subprocess.run(
+        [sys.executable, str(MODEL_WORKER), "LT_chunked-pallas", "--data-only"],
+        env=_env(2), check=True, timeout=600, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    (row,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert (row["data"], row["seq"], row["doc_reset"], row["decay"]) == (2, 1, True, "gate")
+    assert row["manual"] > 0 and row["loss"] <= 1e-6 and row["grads"] <= 1e-5, row
+
+    cfg = ModelConfig(vocab_size=512, block_size=1024, n_layer=1, n_head=2, n_embd=128,
+                      attention="LT_chunked", chunk_size=64, remat="none", loss_chunk=0,
+                      dtype="bfloat16")  # fmt: skip
+
+    def programs(target: str, batch: int) -> dict[str, int]:
+        r = compile_train_step(cfg, target, batch=batch, context=1024, kernels=True)
+        got: dict[str, int] = {}
+        for k in r.compile.kernels:
+            name = k.name.split("__")[0]
+            if name.startswith("lt_chunked"):
+                got[name] = got.get(name, 0) + k.programs
+        return got
+
+    one = programs("h100", 1)
+    assert one and programs("h100x8", 8) == one
+
+
 # --------------------------------------------------------------------------------------------
 # The trainer
 

@@ -1,5 +1,12 @@
-"""Context parallelism in the attention: run a variant's per-slice form over the mesh's ``seq``
-axis.
+"""The attention over the mesh: each device's own sequences (:func:`over_batch`) and, with
+context parallelism, a variant's per-slice form over the mesh's ``seq`` axis.
+
+A Pallas or Triton kernel is a custom call, which XLA's SPMD partitioner does not split: given
+q, k, v with the batch sharded over ``data`` it gathers every device's sequences and runs all
+of them on each (the glue kernels meet the same in ``kernels/rows.py``). The model therefore
+calls every variant through :func:`over_batch`, which runs it inside ``shard_map`` over
+``data`` on the device's own sequences; attention never mixes sequences, so this is exact for
+any variant, a researcher's own too.
 
 When the program being traced splits the sequence (``train.context_parallel`` > 1: the mesh is
 ``data x seq``), every tensor of the model is laid out with T split over ``seq``; outside the
@@ -7,8 +14,8 @@ attention nothing mixes positions, so XLA keeps them split. Inside, a variant wh
 ``context_parallel`` runs :func:`over_sequence`: its ``local(q, k, v, resets, log_gate)`` sees
 one device's contiguous slice ``[B, T / N, H, D]`` and talks to the other slices through
 collectives over :data:`SEQ` (the linear family gathers the slices' states,
-``kernels/context.py``; ``flash`` gathers keys and values). The batch axis stays with XLA
-(``shard_map`` over ``seq`` only).
+``kernels/context.py``; ``flash`` gathers keys and values), inside :func:`over_batch`'s
+``shard_map`` over ``data`` where the batch is split.
 """
 
 from __future__ import annotations
@@ -19,9 +26,42 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from linear_gpt2.platform.errors import ConfigError
-from linear_gpt2.platform.mesh import SEQ, sequence_shards
+from linear_gpt2.platform.mesh import DATA, SEQ, axis_size, sequence_shards
 
-__all__ = ["SEQ", "over_sequence", "sequence_shards"]
+__all__ = ["SEQ", "over_batch", "over_sequence", "sequence_shards"]
+
+
+def _batch_shards(B: int) -> int:
+    """Devices the batch of B sequences is split over in the program being traced: the mesh's
+    ``data`` axis where it has several devices, divides B and is not manual already (inside a
+    ``shard_map`` over it); else 1."""
+    n = axis_size(DATA)
+    if n == 1 or B % n:
+        return 1
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if DATA in getattr(mesh, "manual_axes", ()) else n
+
+
+def over_batch(fn: Callable[..., jax.Array], q, k, v, **kwargs) -> jax.Array:
+    """``fn(q, k, v, **kwargs)`` on each device's own sequences: q, k, v ``[B, T, H, D]`` and
+    the per-token ``kwargs`` (``resets`` ``[B, T]``, ``log_gate`` ``[B, T, H]``) split along B
+    over :data:`DATA`; the output ``[B, T, H, D]`` likewise. Called directly where the batch is
+    not split (one device, no mesh in context: the CPU program is unchanged) and with a
+    dropout key (a replicated key would draw the same masks on every device; the variants
+    that take one are XLA's, which the partitioner splits)."""
+    if _batch_shards(q.shape[0]) == 1 or "dropout_rng" in kwargs:
+        return fn(q, k, v, **kwargs)
+    names = list(kwargs)
+
+    def body(q, k, v, *rest):
+        return fn(q, k, v, **dict(zip(names, rest)))
+
+    # check_vma off, as over_sequence: the variants' scans start from constants.
+    run = jax.shard_map(
+        body, mesh=jax.sharding.get_abstract_mesh(), in_specs=(P(DATA),) * (3 + len(names)),
+        out_specs=P(DATA), axis_names={DATA}, check_vma=False,
+    )  # fmt: skip
+    return run(q, k, v, *kwargs.values())
 
 
 def over_sequence(

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from linear_gpt2.attention.context import over_batch
 from linear_gpt2.kernels.choice import is_fused_head, is_pallas, resolve_loss
 from linear_gpt2.model import layer_stats as diag
 from linear_gpt2.model.config import ModelConfig
@@ -142,7 +143,7 @@ class CausalSelfAttention(nn.Module):
             kwargs = dict(forget)
             if cfg.dropout > 0 and not self.deterministic and cfg.spec.dropout:
                 kwargs.update(dropout_rate=cfg.dropout, dropout_rng=self.make_rng("dropout"))
-            y = fn(q, k, v, **kwargs)
+            y = over_batch(fn, q, k, v, **kwargs)
             if self.is_mutable_collection(diag.COLLECTION):  # only in model.diagnostics
                 stats = diag.layer_stats(cfg, q, k, v, y, resets, log_gate)
                 for name, value in stats.items():

@@ -3,6 +3,9 @@ the same model on one device; prints one JSON line per (variant, forgetting, mes
 
 usage: python tests/workers/context_parallel_model.py VARIANT   (the caller sets the host
 device count, 16 for data=2 x seq=8)
+       python tests/workers/context_parallel_model.py VARIANT --data-only
+           (data=2 x seq=1 with the mesh in context, as on GPUs: the attention inside
+           ``over_batch``'s shard_map over ``data``; resets and the gate where taken)
 
 Documents (``doc_reset``), at T = 32: row 0 has starts at 5 (inside the first slice at every
 N), 16 (on the slice boundary for N = 2, 4, 8) and 22; row 1 at 8 (on a boundary for N = 4, 8)
@@ -83,6 +86,9 @@ def main() -> None:
     runs = plan(forgets, MESHES if sys.argv[1] in ALL_MESHES else EVERY_SEQ)
     if sys.argv[1] in BOTH_ONLY:
         runs = [(f, BOTH_ONLY[sys.argv[1]]) for f in [(False, "none"), (True, "gate")]]
+    data_only = "--data-only" in sys.argv
+    if data_only:
+        runs = [(forgets[-1], [(2, 1)])]
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 97, size=(B, T + 1))
@@ -111,22 +117,27 @@ def main() -> None:
         l0, g0 = jax.jit(grad)(params, inputs, targets, seg)
         for data, seq in meshes:
             mesh = make_mesh(jax.devices()[: data * seq], context_parallel=seq)
-            split = NamedSharding(mesh, P("data", "seq"))
+            split = NamedSharding(mesh, P("data") if data_only else P("data", "seq"))
             rep = NamedSharding(mesh, P())
-            step = jax.jit(
-                traced_on(mesh, grad),
-                in_shardings=(rep, split, split, split if doc_reset else None),
-            )
+            traced = traced_on(mesh, grad)
+            if data_only:  # the mesh in context as the trainer sets it on GPUs (traced_on)
+
+                def traced(*args, mesh=mesh, grad=grad):
+                    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                        return grad(*args)
+
+            step = jax.jit(traced, in_shardings=(rep, split, split, split if doc_reset else None))
             l1, g1 = step(params, inputs, targets, seg)
             hlo = step.lower(params, inputs, targets, seg).as_text()
             crossing = sum(hlo.count(op) for op in ("all_gather", "collective_permute"))
+            manual = hlo.count("shard_map") + hlo.count("manual_computation")
             g_err = max(
                 rel(a, b) for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True)
             )
             print(json.dumps({
                 "variant": sys.argv[1], "doc_reset": doc_reset, "decay": decay, "data": data,
                 "seq": seq, "loss": abs(float(l1) - float(l0)) / abs(float(l0)), "grads": g_err,
-                "loss_value": float(l0), "seq_collectives": crossing,
+                "loss_value": float(l0), "seq_collectives": crossing, "manual": manual,
             }), flush=True)  # fmt: skip
 
 
