@@ -75,7 +75,9 @@ UNROLLED_ESTIMATE_MARGIN = 0.4
 
 def estimate_margin(cfg: ModelConfig) -> float:
     """The margin a candidate's estimate is allowed over the budget before it is skipped."""
-    return ESTIMATE_MARGIN if cfg.scan_layers else UNROLLED_ESTIMATE_MARGIN
+    from linear_gpt2.model.gpt import scans_layers
+
+    return ESTIMATE_MARGIN if scans_layers(cfg) else UNROLLED_ESTIMATE_MARGIN
 
 
 # The share of a fully rematerialised block's residuals its backward holds at once (chosen
