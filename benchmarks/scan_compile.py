@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""``model.scan_layers``: what unrolling the blocks costs in compile time, and how well the
+memory plan estimates the unrolled step, compiled for the H100.
+
+    nice -n 10 python benchmarks/scan_compile.py            # compile what the raw file lacks
+    nice -n 10 python benchmarks/scan_compile.py --restart  # compile every point again
+
+``auto`` unrolls the blocks on a GPU (``linear_gpt2/model/gpt.py``, ``scans_layers``) since a GPU
+timed the unrolled step faster (``glue_ab_h200_measured.md``); the price is compile time,
+which grows with depth. At each point the trainer's step (``jit_train_step``: clip + AdamW,
+state donated; batch 1; the glue kernels at ``auto``, so the Pallas kernels a GPU run uses) is
+compiled for the H100 on this machine (deviceless XLA) scanned and unrolled, one compile at a
+time in one process: the wall and CPU seconds of trace + lower + compile, the memory of XLA's
+buffer assignment, and beside it the memory plan's estimate of the same setting
+(``training.memory_plan.estimate``, traced for the H100) with its error and the margin the plan
+allows each. The compile seconds are this shared 2-core machine's (other jobs ran beside it);
+the ratio of two points compiled in the same process is the figure to read. Writes
+``scan_compile_h100_compiled.{json,md}`` under ``--out`` (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "benchmarks" / "results"
+STEM = "scan_compile_h100_compiled"
+ATTENTION = "LT_chunked"
+# (size, context, chunk_size, remat, loss_chunk): the 124M and 1.6B 1k steps (the shallowest
+# and the deepest model; the glue A/B's chunk at 1k) and the 124M 64k step as the GPU ran it.
+POINTS = (
+    ("124M", 1024, 128, "none", 0),
+    ("124M", 65536, 64, "none", 4096),
+    ("1.6B", 1024, 128, "none", 0),
+)
+SETTINGS = {"scanned": True, "unrolled": False}
+
+
+def key(size: str, context: int, setting: str) -> str:
+    return f"{size}:{context}:{setting}"
+
+
+def compile_point(size: str, context: int, chunk: int, remat: str, loss_chunk: int,
+                  scan: bool) -> dict:  # fmt: skip
+    from linear_gpt2.experiments.compile_step import mesh, step_shape
+    from linear_gpt2.platform.target import compile_program, get, traced_for
+    from linear_gpt2.training import memory_plan
+    from linear_gpt2.training.config import TrainConfig
+    from linear_gpt2.training.optim import optimizer
+    from linear_gpt2.training.train_step import jit_train_step
+    from studies.train_step.step_time import model_config
+
+    t = get("h100")
+    cfg = model_config(size, ATTENTION, context, chunk_size=chunk, remat=remat,
+                       loss_chunk=loss_chunk, scan_layers=scan)  # fmt: skip
+    wall, cpu = time.perf_counter(), time.process_time()
+    program = jit_train_step(cfg, optimizer(TrainConfig()), mesh(t), accum=1, batch=1)
+    report = compile_program(program.step, program.args, t,
+                             what=f"{ATTENTION} {size} {context} scan_layers={scan}")  # fmt: skip
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    with traced_for(t):
+        est = memory_plan.estimate(cfg, step_shape(t, 1, context))
+    compiled = report.memory.total
+    return {
+        "compile_seconds": wall, "compile_cpu_seconds": cpu,
+        "memory_bytes": compiled, "memory": report.memory.as_dict(),
+        "estimate_bytes": est.memory, "error": est.memory / compiled - 1,
+        "n_layer": cfg.n_layer,
+    }  # fmt: skip
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--restart", action="store_true")
+    args = ap.parse_args(argv)
+    from linear_gpt2.platform.provenance import environment
+
+    path = args.out / f"{STEM}.json"
+    cache = {} if args.restart or not path.exists() else json.loads(path.read_text())["compiled"]
+    env = environment()
+    for size, context, chunk, remat, loss_chunk in POINTS:
+        for setting, scan in SETTINGS.items():
+            k = key(size, context, setting)
+            if k in cache:
+                continue
+            cache[k] = {**compile_point(size, context, chunk, remat, loss_chunk, scan),
+                        "git_commit": env["git_commit"]}  # fmt: skip
+            c = cache[k]
+            print(f"{k}: compiled in {c['compile_seconds']:.0f} s ({c['compile_cpu_seconds']:.0f}"
+                  f" s CPU), {c['memory_bytes'] / 2**30:.2f} GiB, estimate "
+                  f"{c['error']:+.1%}", flush=True)  # fmt: skip
+            _write(path, args.out, cache, env)
+    _write(path, args.out, cache, env)
+    return 0
+
+
+def _write(path: Path, out: Path, cache: dict, env: dict) -> None:
+    from linear_gpt2.training import memory_plan
+
+    points = []
+    for size, context, chunk, remat, loss_chunk in POINTS:
+        for setting in SETTINGS:
+            k = key(size, context, setting)
+            if k in cache:
+                points.append({"size": size, "context": context, "chunk_size": chunk,
+                               "remat": remat, "loss_chunk": loss_chunk, "setting": setting,
+                               "scan_layers": SETTINGS[setting], **cache[k]})  # fmt: skip
+    meta = {
+        "how": "compiled",
+        "what": "the trainer's step for LT_chunked (batch 1, the glue kernels at auto), compiled "
+        "for the H100 (deviceless XLA) with the blocks scanned and unrolled: compile seconds on "
+        "this machine, memory of XLA's buffer assignment, the memory plan's estimate beside it",
+        "script": "benchmarks/scan_compile.py",
+        "environment": {**env, "device_kind": "NVIDIA H100 SXM (compiled for, deviceless)"},
+        "settings": {"attention": ATTENTION, "batch": 1, "dtype": "bfloat16",
+                     "points": [list(p) for p in POINTS], "glue_kernels": "auto",
+                     "margins": {"scanned": memory_plan.ESTIMATE_MARGIN,
+                                 "unrolled": memory_plan.UNROLLED_ESTIMATE_MARGIN},
+                     "compile_host": "the shared 2-core CPU machine, under nice -n 10, one "
+                     "compile at a time, other jobs beside it"},
+    }  # fmt: skip
+    path.write_text(json.dumps({"meta": meta, "points": points, "compiled": cache}, indent=1)
+                    + "\n")  # fmt: skip
+    from studies import common as reports
+
+    reports.page(out / f"{STEM}.md", reports.block("scan_compile.page", f"{STEM}.json"))
+
+
+if __name__ == "__main__":
+    from linear_gpt2.platform import process
+
+    process.configure()  # the settings JAX reads as it starts (platform/process.py)
+    raise SystemExit(main())
