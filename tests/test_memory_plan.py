@@ -175,7 +175,9 @@ def test_the_estimate_is_within_the_margin_of_the_steps_compiled_with_autos_glue
         shape = compile_step.step_shape(t, bp.global_micro_batch, run.data.context, bp.accum,
                                         run.train.context_parallel, run.train.fsdp)  # fmt: skip
         chunk, remat = (w.split("=")[1] for w in f["setting"].split())
-        cfg = run.model_config.replace(loss_chunk=int(chunk), remat=remat)
+        # Compiled scanned (before model.scan_layers' auto unrolled the blocks on a GPU), read so.
+        scan = f.get("scan_layers", True)
+        cfg = run.model_config.replace(loss_chunk=int(chunk), remat=remat, scan_layers=scan)
         with target.traced_for(t):
             assert mp.pallas_glue(cfg), key  # auto: the kernels, as compiled
             e = mp.estimate(cfg, shape)

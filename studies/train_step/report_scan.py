@@ -41,8 +41,9 @@ def scan_page(raw: Raw) -> str:
         "(the Pallas kernels, as a GPU run has them), compiled for the H100 on a machine "
         "without a GPU (deviceless XLA; `benchmarks/scan_compile.py`) with the blocks scanned "
         "(`model.scan_layers: true`) and unrolled (`false`, what `auto` picks on a GPU). "
-        "Compile seconds are trace + lower + compile, wall and CPU, on "
-        f"{s['compile_host']}: read their ratio, not their size. Memory is XLA's buffer "
+        "Compile seconds are trace + lower + compile, wall and CPU (the process's and its "
+        f"ptxas children's), on {s['compile_host']}: read a point's ratio, not the seconds "
+        "themselves. Memory is XLA's buffer "
         "assignment; the estimate is the memory plan's (`training/memory_plan.py`, traced for "
         "the H100, nothing compiled), its error (estimate / compiled - 1) beside it. jax "
         f"{prov['jax']}, commit {short(prov['commit'])}, {prov['time']}.",
