@@ -15,6 +15,9 @@ and CPU seconds (the process's and its ptxas children's) of trace + lower + comp
 of XLA's buffer assignment, and beside it the memory plan's estimate of the same setting
 (``training.memory_plan.estimate``, traced for the H100) with its error. The compile seconds
 are this shared 2-core machine's (other jobs ran beside it): read the ratio of a point's two.
+Then each of :data:`PLANS` is planned and compiled as ``scripts/compile.py`` does (``auto``
+unrolling the blocks for the target): every candidate's estimate, what was compiled and to how
+much.
 Writes ``scan_compile_h100_compiled.{json,md}`` under ``--out`` (resumable).
 """
 
@@ -46,6 +49,10 @@ POINTS = (
     ("124M", 262144, 64, "dots", 4096),
 )
 SETTINGS = {"scanned": True, "unrolled": False}
+# (config, target): shipped runs whose plan auto now makes with the blocks unrolled, planned and
+# compiled as ``scripts/compile.py CONFIG --target TARGET`` does (``compile_step.compile_config``):
+# which candidates the estimate let through, and what each compiled to.
+PLANS = (("configs/long/124M_LT_chunked_8M_cp8.yaml", "h100x8"),)
 
 
 def _cpu_seconds() -> float:
@@ -91,16 +98,43 @@ def compile_point(size: str, context: int, chunk: int, remat: str, loss_chunk: i
     }  # fmt: skip
 
 
+def plan_config(config: str, target: str) -> dict:
+    from linear_gpt2.experiments import compile_step
+    from linear_gpt2.platform.target import get
+    from linear_gpt2.training import memory_plan
+    from linear_gpt2.training.config import load_config
+
+    t = get(target)
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    report = compile_step.compile_config(load_config(str(REPO / config)), t)
+    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    plan = report.plan
+    compiled = {name: m.total for name, m in plan.tried}
+    return {
+        "scan_layers": report.config.scan_layers, "chosen": memory_plan.label(report.config),
+        "fits": plan.fits, "budget_bytes": plan.budget,
+        "margin": memory_plan.estimate_margin(report.config),
+        "candidates": [{"setting": name, "estimate_bytes": e.memory,
+                        "compiled_bytes": compiled.get(name)} for name, e in plan.estimates],
+        "compile_seconds": wall, "compile_cpu_seconds": cpu,
+    }  # fmt: skip
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--restart", action="store_true")
     ap.add_argument("--one", nargs=2, metavar=("POINT", "SETTING"), help=argparse.SUPPRESS)
+    ap.add_argument("--plan", type=int, metavar="I", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.one:  # the child: one compile, its record as JSON on the last line of stdout
+    # A child: one compile (or one plan), its record as JSON on the last line of stdout.
+    if args.one:
         size, context, chunk, remat, loss_chunk = POINTS[int(args.one[0])]
         out = compile_point(size, context, chunk, remat, loss_chunk, SETTINGS[args.one[1]])
         print(json.dumps(out))
+        return 0
+    if args.plan is not None:
+        print(json.dumps(plan_config(*PLANS[args.plan])))
         return 0
     from linear_gpt2.platform.provenance import environment
 
@@ -112,20 +146,30 @@ def main(argv=None) -> int:
             k = key(size, context, setting)
             if k in cache:
                 continue
-            child = subprocess.run([sys.executable, __file__, "--one", str(i), setting],
-                                   check=True, stdout=subprocess.PIPE, text=True)  # fmt: skip
-            cache[k] = {**json.loads(child.stdout.strip().splitlines()[-1]),
-                        "git_commit": env["git_commit"]}  # fmt: skip
+            cache[k] = {**_child("--one", str(i), setting), "git_commit": env["git_commit"]}
             c = cache[k]
             print(f"{k}: compiled in {c['compile_seconds']:.0f} s ({c['compile_cpu_seconds']:.0f}"
                   f" s CPU), {c['memory_bytes'] / 2**30:.2f} GiB, estimate "
                   f"{c['error']:+.1%}", flush=True)  # fmt: skip
             _write(path, args.out, cache, env)
+    for i, (config, target) in enumerate(PLANS):
+        k = f"plan:{config}:{target}"
+        if k not in cache:
+            cache[k] = {**_child("--plan", str(i)), "git_commit": env["git_commit"]}
+            print(f"{k}: {cache[k]['chosen']}, compiled {[c['setting'] for c in cache[k]['candidates'] if c['compiled_bytes']]}", flush=True)  # fmt: skip
+            _write(path, args.out, cache, env)
     _write(path, args.out, cache, env)
+
+
+def _child(*argv: str) -> dict:
+    child = subprocess.run([sys.executable, __file__, *argv], check=True, stdout=subprocess.PIPE,
+                           text=True)  # fmt: skip
+    return json.loads(child.stdout.strip().splitlines()[-1])
     return 0
 
 
 def _write(path: Path, out: Path, cache: dict, env: dict) -> None:
+    from linear_gpt2.platform.target import get
     from linear_gpt2.training import memory_plan
 
     points = []
@@ -136,6 +180,8 @@ def _write(path: Path, out: Path, cache: dict, env: dict) -> None:
                 points.append({"size": size, "context": context, "chunk_size": chunk,
                                "remat": remat, "loss_chunk": loss_chunk, "setting": setting,
                                "scan_layers": SETTINGS[setting], **cache[k]})  # fmt: skip
+    plans = [{"config": config, "target": target, **cache[f"plan:{config}:{target}"]}
+             for config, target in PLANS if f"plan:{config}:{target}" in cache]  # fmt: skip
     meta = {
         "how": "compiled",
         "what": "the trainer's step for LT_chunked (batch 1, the glue kernels at auto), compiled "
@@ -145,12 +191,14 @@ def _write(path: Path, out: Path, cache: dict, env: dict) -> None:
         "environment": {**env, "device_kind": "NVIDIA H100 SXM (compiled for, deviceless)"},
         "settings": {"attention": ATTENTION, "batch": 1, "dtype": "bfloat16",
                      "points": [list(p) for p in POINTS], "glue_kernels": "auto",
+                     "budget_bytes": get("h100").budget_bytes,
                      "margins": {"scanned": memory_plan.ESTIMATE_MARGIN,
                                  "unrolled": memory_plan.UNROLLED_ESTIMATE_MARGIN},
                      "compile_host": "the shared 2-core CPU machine, under nice -n 10, each "
                      "compile in a fresh process, one at a time, other jobs beside them"},
     }  # fmt: skip
-    path.write_text(json.dumps({"meta": meta, "points": points, "compiled": cache}, indent=1)
+    raw = {"meta": meta, "points": points, "plans": plans, "compiled": cache}
+    path.write_text(json.dumps(raw, indent=1)
                     + "\n")  # fmt: skip
     from studies import common as reports
 

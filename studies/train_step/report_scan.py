@@ -31,7 +31,6 @@ def _point(p: dict) -> str:
 def scan_page(raw: Raw) -> str:
     d = raw.data
     prov, s = provenance(d), d["meta"]["settings"]
-    margins = s["margins"]
     lines = [
         "# `model.scan_layers`: compile time and memory, scanned and unrolled, compiled for "
         "the H100",
@@ -61,16 +60,60 @@ def scan_page(raw: Raw) -> str:
                         "compile CPU s", "compiled GiB", "estimate GiB", "error", "commit"],
                        body, "lrllrrrrrl"))  # fmt: skip
     lines += ["", scan_summary(raw), ""]
-    errs = [p["error"] for p in d["points"] if p["setting"] == "unrolled"]
-    if errs:
-        lines += [
-            f"The memory plan compiles a candidate whose estimate is at most the budget "
-            f"times 1 + its margin: {margins['scanned']:.0%} for a scanned step, "
-            f"{margins['unrolled']:.0%} for an unrolled one when this file was written. The "
-            f"unrolled estimates here err from {min(errs):+.1%} to {max(errs):+.1%}.",
-            "",
-        ]
+    lines += plans_section(d.get("plans", []))
+    lines += margin_reading(d)
     return "\n".join(lines)
+
+
+def margin_reading(d: dict) -> list[str]:
+    """The plan's margins against the estimates' errors, by setting."""
+    s = d["meta"]["settings"]
+    margins, budget = s["margins"], s["budget_bytes"]
+    parts = []
+    for setting in ("scanned", "unrolled"):
+        pts = [p for p in d["points"] if p["setting"] == setting]
+        if not pts:
+            continue
+        errs = [p["error"] for p in pts]
+        excess = max(p["estimate_bytes"] - p["memory_bytes"] for p in pts)
+        parts.append(
+            f"{setting}, margin {margins[setting]:.0%}: the estimates err from {min(errs):+.1%} "
+            f"to {max(errs):+.1%}, at most {gib(excess)} GiB over the compiled memory "
+            f"({excess / budget:.1%} of the H100's budget of {gib(budget, 0)} GiB)"
+        )  # fmt: skip
+    if not parts:
+        return []
+    return [
+        "The memory plan compiles a candidate whose estimate is at most the budget times 1 + "
+        "its margin (`training/memory_plan.py`, the margins when this file was written): "
+        + "; ".join(parts) + ".",
+        "",
+    ]  # fmt: skip
+
+
+def plans_section(plans: list[dict]) -> list[str]:
+    """Each shipped config planned as ``scripts/compile.py`` plans it: the candidates' estimates,
+    which were compiled and to what."""
+    lines = []
+    for p in plans:
+        blocks = "scanned" if p["scan_layers"] else "unrolled"
+        lines += [
+            f"## `scripts/compile.py {p['config']} --target {p['target']}`",
+            "",
+            f"Planned with the blocks {blocks} (`auto`), budget {gib(p['budget_bytes'])} GiB per "
+            f"device, margin {p['margin']:.0%}: {p['chosen']} chosen "
+            f"({'fits' if p['fits'] else 'does NOT fit'}), the plan and its compiles "
+            f"{p['compile_seconds']:,.0f} s ({p['compile_cpu_seconds']:,.0f} s CPU), commit "
+            f"{short(p['git_commit'])}.",
+            "",
+        ]  # fmt: skip
+        body = [[c["setting"], gib(c["estimate_bytes"]),
+                 "not compiled" if c["compiled_bytes"] is None else gib(c["compiled_bytes"]),
+                 "" if c["compiled_bytes"] is None
+                 else f"{c['estimate_bytes'] / c['compiled_bytes'] - 1:+.1%}"]
+                for c in p["candidates"]]  # fmt: skip
+        lines += [table(["setting", "estimate GiB", "compiled GiB", "error"], body, "lrrr"), ""]
+    return lines
 
 
 @renderer("scan_compile.summary")
