@@ -180,8 +180,9 @@ def _write(path: Path, out: Path, cache: dict, env: dict) -> None:
                 points.append({"size": size, "context": context, "chunk_size": chunk,
                                "remat": remat, "loss_chunk": loss_chunk, "setting": setting,
                                "scan_layers": SETTINGS[setting], **cache[k]})  # fmt: skip
-    plans = [{"config": config, "target": target, **cache[f"plan:{config}:{target}"]}
-             for config, target in PLANS if f"plan:{config}:{target}" in cache]  # fmt: skip
+    # Every plan on file, earlier commits' too (key plan:CONFIG:TARGET[:COMMIT]).
+    plans = [{"config": k.split(":")[1], "target": k.split(":")[2], **v}
+             for k, v in sorted(cache.items()) if k.startswith("plan:")]  # fmt: skip
     meta = {
         "how": "compiled",
         "what": "the trainer's step for LT_chunked (batch 1, the glue kernels at auto), compiled "

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 
 from linear_gpt2 import attention
 from linear_gpt2.experiments import collectives
-from linear_gpt2.model.gpt import scans_layers
 from linear_gpt2.platform.target import (
     DEFAULT,
     CompileReport,
@@ -202,8 +201,6 @@ def compile_train_step(
         return report.memory, compiled
 
     shape = step_shape(t, batch, context or cfg.block_size, accum, context_parallel, fsdp)
-    with traced_for(t):  # scan_layers' auto as the target has it: the plan's margin reads it
-        cfg = cfg.replace(scan_layers=scans_layers(cfg))
 
     def estimate(c):
         with traced_for(t):

@@ -281,6 +281,8 @@ def loss_kernel_of(cfg: ModelConfig) -> str:
 # The choices logger the scan's pick is noted on (a child of ``kernels.CHOICES``), once.
 SCAN_CHOICE_LOGGER = f"{kernels.CHOICES}.scan_layers"
 _SCAN_NOTED: set[str] = set()
+# The remat policies under which auto keeps the scan (see scans_layers).
+WHOLE_BLOCK_REMAT = ("full", "offload")
 
 
 def scans_layers(cfg: ModelConfig) -> bool:
@@ -290,13 +292,16 @@ def scans_layers(cfg: ModelConfig) -> bool:
     the CPU program is the scanned one, byte for byte). Every reader of the option asks this,
     never the value's truth (``"auto"`` is a true string). A GPU measured the unrolled step
     faster at every point it timed (``benchmarks/results/glue_ab_h200_measured.md``); its
-    cost, compile time growing with depth, is ``benchmarks/results/scan_compile_h100_compiled.md``."""
+    cost, compile time growing with depth, is ``benchmarks/results/scan_compile_h100_compiled.md``.
+    With whole blocks rematerialised (``remat`` ``full`` / ``offload``) ``auto`` scans: no GPU
+    timed those unrolled, and unrolled they compiled to far more memory than scanned (the same
+    file's plan section)."""
     value = cfg.scan_layers
     if isinstance(value, bool):
         return value
     if value != "auto":
         raise ValueError(f"model.scan_layers={value!r} is not one of auto, true, false")
-    if not kernels.on_gpu():
+    if not kernels.on_gpu() or cfg.remat in WHOLE_BLOCK_REMAT:
         return True
     if "model.scan_layers" not in _SCAN_NOTED:
         _SCAN_NOTED.add("model.scan_layers")
