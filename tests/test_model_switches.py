@@ -110,7 +110,8 @@ def test_scan_auto_unrolls_for_a_gpu_target_and_scans_elsewhere(caplog):
     """auto follows the kernels' rule (the target traced for, not the process's backend): on
     CPU the scan (its lowered text is tests/test_kernels_glue.py's CPU program), for the H100
     the blocks unrolled, the same program as false, noted once on the kernels' choices logger;
-    the plan's margin is the unrolled one there. Explicit values are kept everywhere."""
+    the plan's margin is the unrolled one there; with whole blocks rematerialised, the scan.
+    Explicit values are kept everywhere."""
     import logging
 
     from linear_gpt2 import kernels
@@ -135,6 +136,10 @@ def test_scan_auto_unrolls_for_a_gpu_target_and_scans_elsewhere(caplog):
         assert not gpt.scans_layers(auto) and not gpt.scans_layers(auto)
         assert gpt.scans_layers(auto.replace(scan_layers=True))
         assert not gpt.scans_layers(auto.replace(scan_layers=False))
+        # Whole blocks rematerialised: the scan (unrolled, they compiled to far more memory).
+        assert gpt.scans_layers(auto.replace(remat="full"))
+        assert gpt.scans_layers(auto.replace(remat="offload"))
+        assert not gpt.scans_layers(auto.replace(remat="dots"))
         assert memory_plan.estimate_margin(auto) == memory_plan.UNROLLED_ESTIMATE_MARGIN
         text = lowered(auto)
         assert text == lowered(auto.replace(scan_layers=False)) and "stablehlo.while" not in text
