@@ -98,6 +98,15 @@ def compile_point(size: str, context: int, chunk: int, remat: str, loss_chunk: i
     }  # fmt: skip
 
 
+def _scans(cfg, t) -> bool:
+    """Whether ``cfg``'s step runs the blocks scanned when traced for ``t`` (auto resolved)."""
+    from linear_gpt2.model.gpt import scans_layers
+    from linear_gpt2.platform.target import traced_for
+
+    with traced_for(t):
+        return scans_layers(cfg)
+
+
 def plan_config(config: str, target: str) -> dict:
     from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform.target import get
@@ -111,7 +120,7 @@ def plan_config(config: str, target: str) -> dict:
     plan = report.plan
     compiled = {name: m.total for name, m in plan.tried}
     return {
-        "scan_layers": report.config.scan_layers, "chosen": memory_plan.label(report.config),
+        "scan_layers": _scans(report.config, t), "chosen": memory_plan.label(report.config),
         "fits": plan.fits, "budget_bytes": plan.budget,
         "margin": memory_plan.estimate_margin(report.config),
         "candidates": [{"setting": name, "estimate_bytes": e.memory,

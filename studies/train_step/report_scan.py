@@ -96,11 +96,12 @@ def plans_section(plans: list[dict]) -> list[str]:
     which were compiled and to what."""
     lines = []
     for p in plans:
-        blocks = "scanned" if p["scan_layers"] else "unrolled"
+        blocks = "scanned" if p["scan_layers"] is True else "unrolled"
         lines += [
-            f"## `scripts/compile.py {p['config']} --target {p['target']}`",
+            f"## `scripts/compile.py {p['config']} --target {p['target']}` at "
+            f"{short(p['git_commit'])}",
             "",
-            f"Planned with the blocks {blocks} (`auto`), budget {gib(p['budget_bytes'])} GiB per "
+            f"The chosen setting's blocks {blocks} (`auto`), budget {gib(p['budget_bytes'])} GiB per "
             f"device, margin {p['margin']:.0%}: {p['chosen']} chosen "
             f"({'fits' if p['fits'] else 'does NOT fit'}), the plan and its compiles "
             f"{p['compile_seconds']:,.0f} s ({p['compile_cpu_seconds']:,.0f} s CPU), commit "
