@@ -345,7 +345,8 @@ def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100(caplog, monkeypatch):
     """auto follows the target being compiled for, not the process's backend (``AUTO_PICKS_PALLAS``
     on, since a GPU ran and timed the kernels; off, it is xla everywhere); on CPU the default
     step is the program of before (its lowered text equals the one with every glue kernel set
-    to xla)."""
+    to xla and the blocks scanned: ``model.scan_layers``' auto follows the same rule,
+    tests/test_model_switches.py)."""
     assert choice.AUTO_PICKS_PALLAS
     assert choice.resolve("auto") == "xla" and choice.resolve("pallas") == "pallas"
     with monkeypatch.context() as off:
@@ -367,8 +368,9 @@ def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100(caplog, monkeypatch):
         choice.resolve("gpu", "model.mlp_kernel")
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=64, block_size=16)
     xla = cfg.replace(
-        layernorm_kernel="xla", mlp_kernel="xla", loss_kernel="xla", bias_kernel="xla"
-    )
+        layernorm_kernel="xla", mlp_kernel="xla", loss_kernel="xla", bias_kernel="xla",
+        scan_layers=True,
+    )  # fmt: skip
     tokens = jnp.zeros((2, 16), jnp.int32)
     params = jax.eval_shape(lambda: api.init_params(cfg, 0))
 
@@ -378,7 +380,7 @@ def test_auto_is_xla_on_cpu_and_the_kernels_for_the_h100(caplog, monkeypatch):
         )
 
     text = lowered(cfg)
-    assert text == lowered(xla) and "pallas" not in text
+    assert text == lowered(xla) and "pallas" not in text and "stablehlo.while" in text
 
 
 KERNEL_KEYS = ("layernorm_kernel", "mlp_kernel", "loss_kernel", "bias_kernel")

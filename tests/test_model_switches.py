@@ -93,10 +93,59 @@ def test_bfloat16_residual_stream_is_bfloat16_and_within_tolerance_of_float32():
 def test_switches_are_checked():
     assert load_config(None, ["model.residual_dtype=bfloat16"]).model.residual_dtype == "bfloat16"
     assert load_config(None, ["model.scan_layers=false"]).model.scan_layers is False
+    assert load_config(None, ["model.scan_layers=true"]).model.scan_layers is True
+    assert load_config().model.scan_layers == "auto"  # the default
     with pytest.raises(ConfigError, match=r"model.residual_dtype.*'float16'.*valid values"):
         load_config(None, ["model.residual_dtype=float16"])
-    with pytest.raises(ConfigError, match="model.scan_layers"):
-        ModelConfig(scan_layers="yes")
+    # A string other than auto is refused (never read as true), in one line naming the values.
+    for bad in ("yes", "false", 1):
+        with pytest.raises(ConfigError) as e:
+            ModelConfig(scan_layers=bad)
+        text = str(e.value)
+        assert text.startswith("model.scan_layers: must be auto")
+        assert "true" in text and "false" in text and "\n" not in text
+
+
+def test_scan_auto_unrolls_for_a_gpu_target_and_scans_elsewhere(caplog):
+    """auto follows the kernels' rule (the target traced for, not the process's backend): on
+    CPU the scan (its lowered text is tests/test_kernels_glue.py's CPU program), for the H100
+    the blocks unrolled, the same program as false, noted once on the kernels' choices logger;
+    the plan's margin is the unrolled one there; with whole blocks rematerialised, the scan.
+    Explicit values are kept everywhere."""
+    import logging
+
+    from linear_gpt2 import kernels
+    from linear_gpt2.model import gpt
+    from linear_gpt2.platform.target import traced_for
+    from linear_gpt2.training import memory_plan
+
+    auto = CFG.replace(n_layer=2)
+    assert auto.scan_layers == "auto" and gpt.scans_layers(auto)
+    assert memory_plan.estimate_margin(auto) == memory_plan.ESTIMATE_MARGIN
+    tokens = jnp.zeros((1, 16), jnp.int32)
+    params = jax.eval_shape(lambda: init_params(auto, 0))
+
+    def lowered(c):
+        c = c.replace(
+            layernorm_kernel="xla", mlp_kernel="xla", loss_kernel="xla", bias_kernel="xla"
+        )
+        return jax.jit(jax.grad(lambda p: loss_fn(p, tokens, tokens, c))).lower(params).as_text()
+
+    gpt._SCAN_NOTED.clear()
+    with traced_for("h100"), caplog.at_level(logging.INFO, logger=kernels.CHOICES):
+        assert not gpt.scans_layers(auto) and not gpt.scans_layers(auto)
+        assert gpt.scans_layers(auto.replace(scan_layers=True))
+        assert not gpt.scans_layers(auto.replace(scan_layers=False))
+        # Whole blocks rematerialised: the scan (unrolled, they compiled to far more memory).
+        assert gpt.scans_layers(auto.replace(remat="full"))
+        assert gpt.scans_layers(auto.replace(remat="offload"))
+        assert not gpt.scans_layers(auto.replace(remat="dots"))
+        assert memory_plan.estimate_margin(auto) == memory_plan.UNROLLED_ESTIMATE_MARGIN
+        text = lowered(auto)
+        assert text == lowered(auto.replace(scan_layers=False)) and "stablehlo.while" not in text
+    assert [r.getMessage() for r in caplog.records if r.name.startswith(kernels.CHOICES)] == [
+        "model.scan_layers=auto: unrolled (the program is for a GPU)"
+    ]
 
 
 def test_bad_switches_exit_2_in_one_line_naming_the_key(capsys):

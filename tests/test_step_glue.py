@@ -22,6 +22,11 @@ def test_each_label_compiles_its_own_options():
     assert opts["unrolled"] == {**opts["after"], "scan_layers": False}
     assert opts["switches"] == {**opts["unrolled"], "residual_dtype": "bfloat16"}
     assert opts["fused_head"]["loss_kernel"] == "pallas_fused"
+    # The labels read as the scanned step name the scan (model.scan_layers' auto unrolls on a
+    # GPU), as do model_switches' scan variants: their files on disk were compiled scanned.
+    assert opts["after"]["scan_layers"] is True and opts["fused_head"]["scan_layers"] is True
+    switches = _script("benchmarks/model_switches.py").VARIANTS
+    assert all(v["scan_layers"] is name.startswith("scan") for name, v in switches.items())
     # phi_grad: unrolled's options, compiled by the tree with phi' in the LT_chunked kernels
     assert (
         opts[step_glue.PHI_GRAD] == opts["unrolled"] and report_glue.PHI_GRAD == step_glue.PHI_GRAD
@@ -33,6 +38,16 @@ def test_each_label_compiles_its_own_options():
     assert report_glue.FUSED_1K == step_glue.FUSED_1K
     assert all(k.startswith("LT_chunked:") and k.endswith(":1024")
                for k in step_glue.LABEL_POINTS[step_glue.FUSED_1K])  # fmt: skip
+
+
+def _script(path: str):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_script", Path(__file__).parents[1] / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _priced(ms: float, glue_gb: float) -> dict:

@@ -54,11 +54,12 @@ class ArchConfig:
     # bfloat16 (half its bytes; LayerNorm statistics and the loss stay float32).
     residual_dtype: str = "float32"
     # The blocks as one nn.scan (true: compile time flat in depth) or unrolled (false: no
-    # stacking of per-layer activations and gradients, compile time grows with depth). The
-    # parameters are stacked under h either way, so checkpoints and weights serve both and a
-    # resumed run may switch it. residual_dtype changes the function trained (its rounding), so
-    # a resume keeps it.
-    scan_layers: bool = field(default=True, metadata=RESUME_MAY_CHANGE)
+    # stacking of per-layer activations and gradients, compile time grows with depth); auto:
+    # unrolled when the program is traced for a GPU, scanned elsewhere (gpt.scans_layers, the
+    # one reader). The parameters are stacked under h either way, so checkpoints and weights
+    # serve both and a resumed run may switch it. residual_dtype changes the function trained
+    # (its rounding), so a resume keeps it.
+    scan_layers: bool | str = field(default="auto", metadata=RESUME_MAY_CHANGE)
     # Rematerialisation policy per block (REMAT above). true/false are accepted for full/none.
     remat: bool | str = field(default="auto", metadata=RESUME_MAY_CHANGE)
     # Tokens per chunk of the fused head + cross-entropy (loss.py), which never holds the whole
@@ -123,10 +124,10 @@ class ArchConfig:
         check_choice(self.dtype, "model.dtype", DTYPES)
         check_choice(self.residual_dtype, "model.residual_dtype", DTYPES)
         check(
-            isinstance(self.scan_layers, bool),
+            isinstance(self.scan_layers, bool) or self.scan_layers == "auto",
             "model.scan_layers",
-            f"must be true (one nn.scan over the blocks) or false (unrolled), got "
-            f"{self.scan_layers!r}",
+            f"must be auto (unrolled on a GPU, scanned elsewhere), true (one nn.scan over the "
+            f"blocks) or false (unrolled), got {self.scan_layers!r}",
         )
         if isinstance(self.remat, bool):  # the earlier boolean form
             object.__setattr__(self, "remat", "full" if self.remat else "none")

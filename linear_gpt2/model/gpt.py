@@ -11,8 +11,9 @@ Two deliberate layout choices (see docs/design.md):
 - The ``n_layer`` blocks are one ``nn.scan``: parameters under ``h`` are stacked with a leading
   ``[n_layer]`` axis, so compile time does not grow with depth (48 layers for 1.6B) and per-block
   rematerialisation is one flag. ``interop`` unstacks them into nanoGPT's ``h.{i}.`` keys. With
-  ``scan_layers: false`` the training forward runs the blocks unrolled on the same stacked
-  parameters (:meth:`GPT.unrolled_blocks`), so checkpoints and weights serve both settings.
+  ``scan_layers: false`` (and ``auto``'s choice for a GPU: :func:`scans_layers`) the training
+  forward runs the blocks unrolled on the same stacked parameters (:meth:`GPT.unrolled_blocks`),
+  so checkpoints and weights serve both settings.
 - Dense kernels are ``[in, out]`` (Flax's, and Hugging Face's Conv1D layout).
 
 Memory options for long contexts (``memory_plan.py`` picks them with ``auto``): a rematerialisation
@@ -42,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from linear_gpt2 import kernels
 from linear_gpt2.attention.context import over_batch
 from linear_gpt2.kernels.choice import is_fused_head, is_pallas, resolve_loss
 from linear_gpt2.model import layer_stats as diag
@@ -277,6 +279,39 @@ def loss_kernel_of(cfg: ModelConfig) -> str:
     return resolve_loss(cfg.loss_kernel, "model.loss_kernel")
 
 
+# The choices logger the scan's pick is noted on (a child of ``kernels.CHOICES``), once.
+SCAN_CHOICE_LOGGER = f"{kernels.CHOICES}.scan_layers"
+_SCAN_NOTED: set[str] = set()
+# The remat policies under which auto keeps the scan (see scans_layers).
+WHOLE_BLOCK_REMAT = ("full", "offload")
+
+
+def scans_layers(cfg: ModelConfig) -> bool:
+    """Whether the training forward runs the blocks as one ``nn.scan`` in the program being
+    traced (``model.scan_layers``; ``auto``: unrolled for a GPU target, the kernels' rule
+    (:func:`linear_gpt2.kernels.on_gpu`: the target's devices, not the process's backend), so
+    the CPU program is the scanned one, byte for byte). Every reader of the option asks this,
+    never the value's truth (``"auto"`` is a true string). A GPU measured the unrolled step
+    faster at every point it timed (``benchmarks/results/glue_ab_h200_measured.md``); its
+    cost, compile time growing with depth, is ``benchmarks/results/scan_compile_h100_compiled.md``.
+    With whole blocks rematerialised (``remat`` ``full`` / ``offload``) ``auto`` scans: no GPU
+    timed those unrolled, and unrolled they compiled to far more memory than scanned (the same
+    file's plan section)."""
+    value = cfg.scan_layers
+    if isinstance(value, bool):
+        return value
+    if value != "auto":
+        raise ValueError(f"model.scan_layers={value!r} is not one of auto, true, false")
+    if not kernels.on_gpu() or cfg.remat in WHOLE_BLOCK_REMAT:
+        return True
+    if "model.scan_layers" not in _SCAN_NOTED:
+        _SCAN_NOTED.add("model.scan_layers")
+        kernels.note_choice(
+            "model.scan_layers=auto: unrolled (the program is for a GPU)", SCAN_CHOICE_LOGGER
+        )
+    return False
+
+
 def loss_chunk_tokens(cfg: ModelConfig) -> int:
     """Tokens per chunk of the fused head + loss, 0 for the plain logits (``auto`` unresolved)."""
     return 0 if cfg.loss_chunk == "auto" else int(cfg.loss_chunk)
@@ -344,7 +379,7 @@ class GPT(nn.Module):
             resets = document_starts(tokens, segment_ids, first)
         # The scan always initialises (it creates the stacked parameters), decodes (its caches
         # are stacked per layer) and runs the diagnostics pass (statistics stacked per layer).
-        unrolled = not cfg.scan_layers and cache is None and not self.is_initializing()
+        unrolled = cache is None and not self.is_initializing() and not scans_layers(cfg)
         if not unrolled or self.is_mutable_collection(diag.COLLECTION):
             x, layer_caches = blocks(x, None if cache is None else cache["layers"], resets)
         else:

@@ -205,10 +205,12 @@ def glue_variants() -> dict[str, dict[str, Any]]:
     baseline; the glue kernels (step_glue's "after", :data:`GLUE_CANDIDATE`: what decides
     ``AUTO_PICKS_PALLAS``); and those with the blocks unrolled (step_glue's "unrolled",
     ``model.scan_layers: false``: the switch the MODEL credits with issue 37's 1k targets,
-    measured in the same rounds)."""
-    from studies.train_step.step_glue import AFTER_KERNELS, UNROLLED
+    measured in the same rounds). The first two name the scan (``model.scan_layers: true``):
+    ``auto`` unrolls on a GPU now, and the A/B on file timed them scanned."""
+    from studies.train_step.step_glue import AFTER_KERNELS, SCANNED, UNROLLED
 
-    return {"xla": {k: "xla" for k in AFTER_KERNELS}, GLUE_CANDIDATE: dict(AFTER_KERNELS),
+    return {"xla": {**{k: "xla" for k in AFTER_KERNELS}, **SCANNED},
+            GLUE_CANDIDATE: {**AFTER_KERNELS, **SCANNED},
             "unrolled": {**AFTER_KERNELS, **UNROLLED}}  # fmt: skip
 
 

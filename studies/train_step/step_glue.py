@@ -79,6 +79,9 @@ AFTER_KERNELS = {f"{k}_kernel": "pallas" for k in ("layernorm", "mlp", "loss", "
 # unrolled (no stacking of per-layer activations; the same function, nanoGPT's numerics), and
 # "switches", those and the residual stream in bfloat16 as well (half its bytes; not nanoGPT's).
 UNROLLED = {"scan_layers": False}
+# The labels read as the scanned step ("after", the fused head) name the scan: model.scan_layers'
+# auto unrolls the blocks for a GPU target now, and their compiles on file were scanned.
+SCANNED = {"scan_layers": True}
 SWITCHES = {**UNROLLED, "residual_dtype": "bfloat16"}
 SWITCH_LABELS = ("unrolled", "switches")
 _TARGETS_124M = ("LT_chunked:124M:65536", "flash:124M:65536", "LT_chunked:124M:16x1024",
@@ -97,8 +100,8 @@ LABELS = ("before", "after", *SWITCH_LABELS)
 FUSED_HEAD = "fused_head"
 FUSED_HEAD_KERNELS = {**AFTER_KERNELS, "loss_kernel": "pallas_fused"}
 OVERRIDES: dict[str, dict[str, Any]] = {
-    "before": {}, "after": AFTER_KERNELS, "unrolled": {**AFTER_KERNELS, **UNROLLED},
-    "switches": {**AFTER_KERNELS, **SWITCHES}, FUSED_HEAD: FUSED_HEAD_KERNELS,
+    "before": {}, "after": {**AFTER_KERNELS, **SCANNED}, "unrolled": {**AFTER_KERNELS, **UNROLLED},
+    "switches": {**AFTER_KERNELS, **SWITCHES}, FUSED_HEAD: {**FUSED_HEAD_KERNELS, **SCANNED},
 }  # fmt: skip
 # phi' in LT_chunked's gradient kernels (an elementwise feature map's raw q, k into the Pallas
 # op: docs/design.md): "unrolled"'s options compiled by the tree that has it, at its LT_chunked
