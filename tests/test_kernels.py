@@ -161,14 +161,16 @@ def test_chunked_float32_padding_long_chunks_and_d128(kernel, shape, c, feature_
     assert max(errs) <= F32_TOL, f"{kernel} {shape} c={c}: errors (y, dq, dk, dv) {errs}"
 
 
-def _tiling(which: str):
-    """The tiled kernel at one of its two tilings (``plan.candidates``: resident blocks of two
-    key tiles, or of one)."""
+def _tiling(which: str, dq: bool = False):
+    """The tiled kernel (``dq``: with the two-kernel backward of ``tiled_dq.py``) at one of its
+    two tilings (``plan.candidates`` / ``plan.dq_candidates``: resident blocks of two key
+    tiles, or of one)."""
 
     def fn(fq, fk, v, c, eps):
         D = kernels.padded_head_dim(fq.shape[-1])
-        tilings = parallel_plan.candidates(c, D)
-        return parallel_tiled.attention(fq, fk, v, c, eps, tilings[0 if which == "2" else -1])
+        tilings = (parallel_plan.dq_candidates if dq else parallel_plan.candidates)(c, D)
+        design = parallel_tiled_dq if dq else parallel_tiled
+        return design.attention(fq, fk, v, c, eps, tilings[0 if which == "2" else -1])
 
     return fn
 
@@ -184,37 +186,6 @@ TILED_CASES = [
     ((1, 128, 1, 128), 64, "2"),
     ((1, 96, 2, 40), 32, "1"),
 ]
-
-
-@pytest.mark.parametrize("shape, c, tiling", TILED_CASES, ids=str)
-def test_parallel_tiled_tilings_and_padding_match_float64_reference(shape, c, tiling):
-    """The tiled kernel at a forced tiling, on features, against the float64 formula: values
-    and the gradients with respect to q, k, v (through phi)."""
-    q, k, v, dy = inputs(shape, seed=4)
-    fused = _tiling(tiling)
-
-    def fn(q, k, v):
-        fq, fk = linear.features(q, k, "softplus")
-        return fused(fq, fk, v, c, EPS)
-
-    y, grads = value_and_grads(fn, q, k, v, dy)
-    args = [np.asarray(x, np.float64) for x in (q, k, v)]
-    assert rel_err(y, reference(*args, "softplus")) <= F32_TOL
-    for label, g, r in zip("qkv", grads, reference_vjp(q, k, v, dy, "softplus")):
-        assert rel_err(g, r) <= F32_TOL, label
-
-
-def _dq_tiling(which: str):
-    """The two-kernel backward at one of its tilings (``plan.dq_candidates``)."""
-
-    def fn(fq, fk, v, c, eps):
-        D = kernels.padded_head_dim(fq.shape[-1])
-        tilings = parallel_plan.dq_candidates(c, D)
-        return parallel_tiled_dq.attention(fq, fk, v, c, eps, tilings[0 if which == "2" else -1])
-
-    return fn
-
-
 # pallas_tiled_dq: T padded inside (200 -> 256); at c = 64 its key kernel's 128-row blocks
 # stream 32-row query tiles while its dq kernel's 128-row query blocks stream 64-row key tiles
 # (the two kernels' diagonals differ); resident blocks of one tile. Odd T and D, c = 16 capping
@@ -225,13 +196,17 @@ TILED_DQ_CASES = [
 ]
 
 
-@pytest.mark.parametrize("shape, c, tiling", TILED_DQ_CASES, ids=str)
-def test_parallel_tiled_dq_backward_matches_float64_reference(shape, c, tiling):
-    """The two-kernel backward (``tiled_dq.py``) at a forced tiling against the float64 formula:
-    values and every gradient (dphi(q) from its own kernel, dphi(k) and dv from the key
-    kernel), through phi."""
-    q, k, v, dy = inputs(shape, seed=5)
-    fused = _dq_tiling(tiling)
+@pytest.mark.parametrize(
+    "shape, c, tiling, dq",
+    [(*case, False) for case in TILED_CASES] + [(*case, True) for case in TILED_DQ_CASES],
+    ids=str,
+)
+def test_parallel_tiled_tilings_and_padding_match_float64_reference(shape, c, tiling, dq):
+    """The tiled kernel at a forced tiling, on features, against the float64 formula: values
+    and the gradients with respect to q, k, v (through phi); with ``dq`` the two-kernel
+    backward (dphi(q) from its own kernel, dphi(k) and dv from the key kernel)."""
+    q, k, v, dy = inputs(shape, seed=5 if dq else 4)
+    fused = _tiling(tiling, dq)
 
     def fn(q, k, v):
         fq, fk = linear.features(q, k, "softplus")
