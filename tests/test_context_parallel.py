@@ -92,7 +92,7 @@ def test_data_parallel_attention_runs_each_devices_own_sequences():
     and gradients; compiled for h100x8, the data-parallel step's LT kernels launch the programs
     of one sequence, not of all eight (a custom call is not split by XLA's partitioner: it ran
     the whole batch on every GPU)."""
-    from linear_gpt2.experiments.compile_step import compile_train_step
+    from linear_gpt2.experiments.compile_step import compile_attention, compile_train_step
     from linear_gpt2.model.config import ModelConfig
 
     out = subprocess.run(
@@ -107,17 +107,18 @@ def test_data_parallel_attention_runs_each_devices_own_sequences():
                       attention="LT_chunked", chunk_size=64, remat="none", loss_chunk=0,
                       dtype="bfloat16")  # fmt: skip
 
-    def programs(target: str, batch: int) -> dict[str, int]:
-        r = compile_train_step(cfg, target, batch=batch, context=1024, kernels=True)
+    def programs(kernels) -> dict[str, int]:
         got: dict[str, int] = {}
-        for k in r.compile.kernels:
+        for k in kernels:
             name = k.name.split("__")[0]
             if name.startswith("lt_chunked"):
                 got[name] = got.get(name, 0) + k.programs
         return got
 
-    one = programs("h100", 1)
-    assert one and programs("h100x8", 8) == one
+    # One sequence's attention alone, forward and backward (the step's, at the same options).
+    one = compile_attention("LT_chunked", (1, 1024, 2, 64), "bfloat16", "h100", chunk_size=64)
+    step = compile_train_step(cfg, "h100x8", batch=8, context=1024, kernels=True)
+    assert programs(one.kernels) and programs(step.compile.kernels) == programs(one.kernels)
 
 
 # --------------------------------------------------------------------------------------------
