@@ -161,6 +161,7 @@ def bench(name: str, N: int, rounds: int, iters: int, tiny: bool, threads: int =
             row["times_ms"].append(_time(exe, a, iters) * 1e3)
     copy_ms = statistics.median(programs[-1][0]["times_ms"]) if copy is not None else None
     card = cards.of_device_kind(jax.devices()[0].device_kind)
+    bw = card.hbm_bytes_per_s if card and card.hbm_bytes_per_s else None
     for row in rows:
         if row["status"] != "ok":
             continue
@@ -170,7 +171,6 @@ def bench(name: str, N: int, rounds: int, iters: int, tiny: bool, threads: int =
         net = row["median_ms"] - (row["copy_ms"] or 0.0)
         row["net_ms"] = net
         row["gb_per_s"] = row["bytes"] / (net * 1e-3) / 1e9 if net > 0 else None
-        bw = card.hbm_bytes_per_s if card and card.hbm_bytes_per_s else None
         row["fraction"] = row["gb_per_s"] * 1e9 / bw if bw and row["gb_per_s"] else None
     default = next((r for r in rows if r.get("default") and r["status"] == "ok"), None)
     for row in rows:
@@ -180,11 +180,7 @@ def bench(name: str, N: int, rounds: int, iters: int, tiny: bool, threads: int =
 
 
 def _launch(r: dict) -> str:
-    if r["launch"] is None:
-        return "xla"
-    L = r["launch"]
-    s = f"w{L['warps']} s{L['stages']} t{L['tile']}"
-    return s + (f" p{L['programs_per_sm']}" if L["programs_per_sm"] is not None else "")
+    return "xla" if r["launch"] is None else launch.Launch(**r["launch"]).label()
 
 
 def table(rows: list[dict]) -> str:

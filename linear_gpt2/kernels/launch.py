@@ -32,6 +32,11 @@ class Launch:
     tile: int = 4096
     programs_per_sm: int | None = None
 
+    def label(self) -> str:
+        """The launch in words, for tables: warps, stages, tile and programs per SM."""
+        per_sm = "" if self.programs_per_sm is None else f", {self.programs_per_sm} per SM"
+        return f"{self.warps} warps, {self.stages} stages, tile {self.tile}{per_sm}"
+
     def programs(self, tiles: int) -> int:
         """Programs along the rows for ``tiles`` row tiles."""
         if self.programs_per_sm is None:

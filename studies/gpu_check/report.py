@@ -90,12 +90,10 @@ def kernel_sweep(raw: Raw) -> str:
 
 
 def _launch(r: dict[str, Any]) -> str:
-    """A bench_glue row's launch: ``xla``, or warps / stages / tile / programs per SM."""
-    L = r.get("launch")
-    if L is None:
-        return "xla"
-    s = f"{L['warps']} warps, {L['stages']} stages, tile {L['tile']}"
-    return s + (f", {L['programs_per_sm']} per SM" if L.get("programs_per_sm") else "")
+    """A bench_glue row's launch: ``xla``, or the kernel's (``kernels.launch.Launch.label``)."""
+    from linear_gpt2.kernels.launch import Launch
+
+    return "xla" if r.get("launch") is None else Launch(**r["launch"]).label()
 
 
 @renderer("gpu_check.glue_kernels")
