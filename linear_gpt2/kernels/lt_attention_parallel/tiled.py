@@ -118,6 +118,33 @@ def _unpack(refs, n_in: int, forget: bool):
     return refs[:n_in], refs[n_in : n_in + 3], refs[n_in + 3 :]
 
 
+def _key_block_gates(gate, k0, bk: int, tq: int):
+    """Key block k0's rows of b, e and seg ``[bk]`` and each key row's query tile (the blocks
+    of tq its gates are summed in): what both backward key kernels weigh pairs with."""
+    b_ref, e_ref, s_ref = gate
+    keys = pl.ds(k0, bk)
+    return b_ref[keys], e_ref[keys], s_ref[keys], _rows(k0, bk) // tq
+
+
+def _walk_query_tiles(query_tile, j, bk: int, tq: int, n_tiles: int, Dp: int):
+    """Key block j's float32 ``(dk, dv)`` ``[bk, Dp]``: ``query_tile(i, carry, diagonal)`` over
+    the block's own (diagonal, masked) query tiles, then every later one (unmasked)."""
+    r = bk // tq
+    carry = (jnp.zeros((bk, Dp), F32), jnp.zeros((bk, Dp), F32), jnp.zeros((bk,), F32))
+    first = j * r
+    carry = lax.fori_loop(0, r, lambda i, c: query_tile(first + i, c, True), carry)
+    carry = lax.fori_loop(first + r, n_tiles, lambda i, c: query_tile(i, c, False), carry)
+    return carry[:2]
+
+
+def _store_key_grads(outs, fk, dk, dv, forget: bool) -> None:
+    """dk, dv into their refs in their dtypes; with forgetting phi(K) . dphi(K) ``[bk]``."""
+    outs[0][...] = dk.astype(outs[0].dtype)
+    outs[1][...] = dv.astype(outs[1].dtype)
+    if forget:
+        outs[2][...] = jnp.sum(fk.astype(F32) * dk, axis=1)
+
+
 # --------------------------------------------------------------------------------------------
 # Forward
 
@@ -213,18 +240,15 @@ def _bwd_kernel(*refs, t: plan_lib.Tiles, n_tiles: int, forget: bool):
     from jax.experimental.pallas import triton as plgpu  # Pallas's Triton primitives
 
     (fq_ref, fk_ref, v_ref, g_ref, delta_ref, _), gate, outs = _unpack(refs, 6, forget)
-    dq_ref, dk_ref, dv_ref = outs[:3]
+    dq_ref = outs[0]
     bk, tq = t.bk, t.tq
-    r = bk // tq
     j = pl.program_id(2)  # key block 0 has the most query tiles: longest first
     k0 = j * bk
     fk, v = fk_ref[...], v_ref[...]
     dt = fk.dtype
     if forget:
-        b_ref, e_ref, s_ref = gate
-        keys = pl.ds(k0, bk)
-        b_k, e_k, s_k = b_ref[keys], e_ref[keys], s_ref[keys]
-        k_tile = _rows(k0, bk) // tq  # each key row's gate block
+        b_ref, _, s_ref = gate
+        b_k, e_k, s_k, k_tile = _key_block_gates(gate, k0, bk, tq)
 
     def query_tile(i, carry, diagonal: bool):
         dk, dv, R = carry
@@ -247,16 +271,8 @@ def _bwd_kernel(*refs, t: plan_lib.Tiles, n_tiles: int, forget: bool):
         plgpu.atomic_add(dq_ref, (rows, slice(None)), _dot(dA, fk))
         return dk + _dot(dA.T, fq), dv + _dot(S.astype(dt).T, g), R
 
-    Dp = fk.shape[-1]
-    carry = (jnp.zeros((bk, Dp), F32), jnp.zeros((bk, Dp), F32), jnp.zeros((bk,), F32))
-    first = j * r
-    carry = lax.fori_loop(0, r, lambda i, c: query_tile(first + i, c, True), carry)
-    carry = lax.fori_loop(first + r, n_tiles, lambda i, c: query_tile(i, c, False), carry)
-    dk, dv, _ = carry
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
-    if forget:
-        outs[3][...] = jnp.sum(fk.astype(F32) * dk, axis=1)
+    dk, dv = _walk_query_tiles(query_tile, j, bk, tq, n_tiles, fk.shape[-1])
+    _store_key_grads(outs[1:], fk, dk, dv, forget)
 
 
 def row_cotangents(dy, y, den, eps: float):

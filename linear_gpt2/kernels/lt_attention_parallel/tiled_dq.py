@@ -83,16 +83,13 @@ def _dkv_kernel(*refs, bk: int, tq: int, n_tiles: int, forget: bool):
     b, e, seg ``[T]`` (blocks of tq); dk, dv ``[bk, D]``; with forgetting phi(K) . dphi(K)
     ``[bk]``."""
     (fq_ref, fk_ref, v_ref, g_ref, delta_ref), gate, outs = _unpack(refs, 5, forget)
-    r = bk // tq
     j = pl.program_id(2)  # key block 0 meets the most query tiles: longest first
     k0 = j * bk
     fk, v = fk_ref[...], v_ref[...]
     dt = fk.dtype
     if forget:
-        b_ref, e_ref, s_ref = gate
-        keys = pl.ds(k0, bk)
-        b_k, e_k, s_k = b_ref[keys], e_ref[keys], s_ref[keys]
-        k_tile = _rows(k0, bk) // tq  # each key row's gate block
+        b_ref, _, s_ref = gate
+        b_k, e_k, s_k, k_tile = tiled._key_block_gates(gate, k0, bk, tq)
 
     def query_tile(i, carry, diagonal: bool):
         dk, dv, R = carry
@@ -113,16 +110,8 @@ def _dkv_kernel(*refs, bk: int, tq: int, n_tiles: int, forget: bool):
             St, dSt = jnp.where(mask, St, 0.0), jnp.where(mask, dSt, 0.0)
         return dk + _dot(dSt.astype(dt), fq), dv + _dot(St.astype(dt), g), R
 
-    Dp = fk.shape[-1]
-    carry = (jnp.zeros((bk, Dp), F32), jnp.zeros((bk, Dp), F32), jnp.zeros((bk,), F32))
-    first = j * r
-    carry = lax.fori_loop(0, r, lambda i, c: query_tile(first + i, c, True), carry)
-    carry = lax.fori_loop(first + r, n_tiles, lambda i, c: query_tile(i, c, False), carry)
-    dk, dv, _ = carry
-    outs[0][...] = dk.astype(outs[0].dtype)
-    outs[1][...] = dv.astype(outs[1].dtype)
-    if forget:
-        outs[2][...] = jnp.sum(fk.astype(F32) * dk, axis=1)
+    dk, dv = tiled._walk_query_tiles(query_tile, j, bk, tq, n_tiles, fk.shape[-1])
+    tiled._store_key_grads(outs, fk, dk, dv, forget)
 
 
 # --------------------------------------------------------------------------------------------
