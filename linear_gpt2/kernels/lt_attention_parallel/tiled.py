@@ -137,6 +137,41 @@ def _walk_query_tiles(query_tile, j, bk: int, tq: int, n_tiles: int, Dp: int):
     return carry[:2]
 
 
+def _query_block_gates(gate, q0, bq: int, tk: int):
+    """Query block q0's rows of b and seg ``[bq]`` and each query row's key tile (the blocks of
+    tk its gates are summed in): what the forward and the query backward weigh pairs with."""
+    b_ref, _, s_ref = gate
+    return b_ref[pl.ds(q0, bq)], s_ref[pl.ds(q0, bq)], _rows(q0, bq) // tk
+
+
+def _key_tile_weights(gate, rows_gates, m, tk: int, R, mask, diagonal: bool):
+    """Key tile m's pair weights ``[bq, tk]`` for a query block (the forward's and the query
+    backward's): W_ij = [mask, seg_i = seg_j] exp(b_i + key_j), key_j = -b_j for the keys of
+    the query row's own tile, R_i + e_j for earlier tiles (R: the tiles strictly between).
+    Returns (W, the mask with the segments, R after tile m)."""
+    b_ref, e_ref, s_ref = gate
+    b_rows, s_rows, q_tile = rows_gates
+    keys = pl.ds(m * tk, tk)
+    same = s_rows[:, None] == s_ref[keys][None, :]
+    mask = same if mask is None else mask & same
+    e_k = e_ref[keys]
+    if diagonal:
+        own = (q_tile == m)[:, None]
+        key = jnp.where(own, -b_ref[keys][None, :], R[:, None] + e_k[None, :])
+    else:
+        key = R[:, None] + e_k[None, :]
+    w = jnp.exp(jnp.where(mask, b_rows[:, None] + key, 0.0))
+    return w, mask, R + jnp.where(m < q_tile, b_ref[m * tk + tk - 1], 0.0)  # near to far
+
+
+def _walk_key_tiles(key_tile, n, r: int, carry):
+    """Query block n's carry after ``key_tile(m, carry, diagonal)`` over its own (diagonal,
+    masked) r key tiles, nearest first, then every earlier one, near to far."""
+    top = (n + 1) * r - 1  # the last key tile of the diagonal block
+    carry = lax.fori_loop(0, r, lambda i, c: key_tile(top - i, c, True), carry)
+    return lax.fori_loop(0, n * r, lambda i, c: key_tile(n * r - 1 - i, c, False), carry)
+
+
 def _store_key_grads(outs, fk, dk, dv, forget: bool) -> None:
     """dk, dv into their refs in their dtypes; with forgetting phi(K) . dphi(K) ``[bk]``."""
     outs[0][...] = dk.astype(outs[0].dtype)
@@ -160,11 +195,7 @@ def _fwd_kernel(
     n = n_blocks - 1 - pl.program_id(2)  # longest first
     q0 = n * bq
     fq = fq_ref[...]
-    if forget:
-        b_ref, e_ref, s_ref = gate
-        bq_rows = b_ref[pl.ds(q0, bq)]
-        s_rows = s_ref[pl.ds(q0, bq)]
-        q_tile = _rows(q0, bq) // tk  # each query row's gate block
+    rows_gates = _query_block_gates(gate, q0, bq, tk) if forget else None
 
     def key_tile(m, carry, diagonal: bool):
         num, den, R = carry
@@ -173,25 +204,14 @@ def _fwd_kernel(
         S = _dot(fq, fk.T)  # [bq, tk], before the gates are loaded: fewer live registers
         mask = _causal(q0, m * tk, bq, tk) if diagonal else None
         if forget:
-            same = s_rows[:, None] == s_ref[keys][None, :]
-            mask = same if mask is None else mask & same
-            e_k = e_ref[keys]
-            if diagonal:  # rows of block m: b_i - b_j; rows of later blocks: b_i + R_i + e_j
-                own = (q_tile == m)[:, None]
-                key = jnp.where(own, -b_ref[keys][None, :], R[:, None] + e_k[None, :])
-            else:
-                key = R[:, None] + e_k[None, :]
-            S = S * jnp.exp(jnp.where(mask, bq_rows[:, None] + key, 0.0))
-            R = R + jnp.where(m < q_tile, b_ref[m * tk + tk - 1], 0.0)  # near to far
+            w, mask, R = _key_tile_weights(gate, rows_gates, m, tk, R, mask, diagonal)
+            S = S * w
         A = S if mask is None else jnp.where(mask, S, 0.0)
         return num + _dot(A.astype(v.dtype), v), den + jnp.sum(A, axis=1), R
 
     Dp = fq.shape[-1]
     carry = (jnp.zeros((bq, Dp), F32), jnp.zeros((bq,), F32), jnp.zeros((bq,), F32))
-    top = (n + 1) * r - 1  # the last key tile of the diagonal block
-    carry = lax.fori_loop(0, r, lambda i, c: key_tile(top - i, c, True), carry)
-    carry = lax.fori_loop(0, n * r, lambda i, c: key_tile(n * r - 1 - i, c, False), carry)
-    num, den, _ = carry
+    num, den, _ = _walk_key_tiles(key_tile, n, r, carry)
     if normalise:
         num = num * kernels.reciprocal(den, eps)[:, None]
     y_ref[...] = num.astype(y_ref.dtype)

@@ -61,7 +61,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import pallas as pl
 
 from linear_gpt2 import kernels
@@ -71,7 +70,7 @@ from linear_gpt2.kernels.lt_attention_parallel import tiled
 F32 = jnp.float32
 DKV_NAME = "lt_attention_parallel_tiled_dkv"
 DQ_NAME = "lt_attention_parallel_tiled_dq"
-_dot, _causal, _rows, _unpack = tiled._dot, tiled._causal, tiled._rows, tiled._unpack
+_dot, _causal, _unpack = tiled._dot, tiled._causal, tiled._unpack
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,11 +126,7 @@ def _dq_kernel(*refs, bq: int, tk: int, n_blocks: int, forget: bool):
     n = n_blocks - 1 - pl.program_id(2)  # longest first
     q0 = n * bq
     g, delta = g_ref[...], delta_ref[...]
-    if forget:
-        b_ref, e_ref, s_ref = gate
-        bq_rows = b_ref[pl.ds(q0, bq)]
-        s_rows = s_ref[pl.ds(q0, bq)]
-        q_tile = _rows(q0, bq) // tk  # each query row's gate block
+    rows_gates = tiled._query_block_gates(gate, q0, bq, tk) if forget else None
 
     def key_tile(m, carry, diagonal: bool):
         dq, R = carry
@@ -139,27 +134,16 @@ def _dq_kernel(*refs, bq: int, tk: int, n_blocks: int, forget: bool):
         fk, v = fk_ref[keys, :], v_ref[keys, :]
         dS = _dot(g, v.T) - delta[:, None]  # [bq, tk]
         mask = _causal(q0, m * tk, bq, tk) if diagonal else None
-        if forget:  # as the forward's key tiles
-            same = s_rows[:, None] == s_ref[keys][None, :]
-            mask = same if mask is None else mask & same
-            e_k = e_ref[keys]
-            if diagonal:
-                own = (q_tile == m)[:, None]
-                key = jnp.where(own, -b_ref[keys][None, :], R[:, None] + e_k[None, :])
-            else:
-                key = R[:, None] + e_k[None, :]
-            dS = dS * jnp.exp(jnp.where(mask, bq_rows[:, None] + key, 0.0))
-            R = R + jnp.where(m < q_tile, b_ref[m * tk + tk - 1], 0.0)  # near to far
+        if forget:  # the forward's weights of the same pairs
+            w, mask, R = tiled._key_tile_weights(gate, rows_gates, m, tk, R, mask, diagonal)
+            dS = dS * w
         if mask is not None:
             dS = jnp.where(mask, dS, 0.0)
         return dq + _dot(dS.astype(fk.dtype), fk), R
 
     Dp = g.shape[-1]
     carry = (jnp.zeros((bq, Dp), F32), jnp.zeros((bq,), F32))
-    top = (n + 1) * r - 1  # the last key tile of the diagonal block
-    carry = lax.fori_loop(0, r, lambda i, c: key_tile(top - i, c, True), carry)
-    carry = lax.fori_loop(0, n * r, lambda i, c: key_tile(n * r - 1 - i, c, False), carry)
-    dq, _ = carry
+    dq, _ = tiled._walk_key_tiles(key_tile, n, r, carry)
     outs[0][...] = dq.astype(outs[0].dtype)
     if forget:
         outs[1][...] = jnp.sum(fq_ref[...].astype(F32) * dq, axis=1)
