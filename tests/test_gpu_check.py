@@ -499,6 +499,17 @@ def test_the_glue_page_says_which_setting_won_and_by_how_much():
     assert "have not run on this device" in untested and "Keep `AUTO_PICKS_PALLAS` off" in untested
 
 
+def test_the_readme_glue_summary_gives_each_settings_range_over_the_points_that_ran():
+    from studies.gpu_check import report as page
+
+    glue, _ = _glue_raw({"1024x1": 0.8, "1024x16": 0.5, "65536x1": 0.7}, None, unrolled=0.6)
+    text = page.glue_summary(glue)
+    assert text.startswith("Measured on NVIDIA H100 80GB HBM3, jax 0.11.2, commit abc")
+    # unrolled failed at the first point: its range is over the two that ran (0.30 and 0.42).
+    assert "`pallas` 0.50 to 0.80, `unrolled` 0.30 to 0.42" in text
+    assert "`LT_chunked` 124M 1k, chunk 64; `LT_chunked` 124M 16 x 1k, chunk 64;" in text
+
+
 def test_the_run_page_gives_the_glue_verdict_the_gpu_tests_too(tmp_path):
     """The run's page (gpu_check_<dev>_measured.md) renders the glue block from the glue file
     and the gpu tests' file, as the glue page does: with the glue file alone it said to keep

@@ -418,6 +418,24 @@ def glue(raw: Raw, tests: Raw | None = None) -> str:
     ])  # fmt: skip
 
 
+@renderer("gpu_check.glue_summary")
+def glue_summary(raw: Raw) -> str:
+    """One sentence for the README: each setting's step time over the baseline's, the range
+    over the points the device timed (measured), and where the table is."""
+    rows = raw.data["rows"]
+    base = rows[0]["baseline"] if rows else "xla"
+    spans = []
+    for v in dict.fromkeys(v for r in rows for v in r["ratio"]):
+        xs = [r["ratio"][v] for r in rows if v in r["ratio"] and r["status"].get(v) == "ok"]
+        if xs:
+            spans.append(f"`{v}` {min(xs):.2f} to {max(xs):.2f}")
+    points = "; ".join(glue_point(r) for r in rows)
+    return (f"{_about(raw.data)} The training step's time over `{base}`'s (the glue in XLA's "
+            f"fusions), the settings side by side in one process per point ({points}): "
+            f"{', '.join(spans) or 'nothing timed'} (`pallas`: the glue kernels; `unrolled`: "
+            "the kernels and the blocks unrolled).")  # fmt: skip
+
+
 def _beside(rows: list[dict[str, Any]], cand: str, v: str, options: dict[str, Any],
             cand_options: dict[str, Any]) -> str:  # fmt: skip
     """Setting ``v`` against the candidate at every point both timed (their medians' ratio):
