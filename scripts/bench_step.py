@@ -198,9 +198,10 @@ def frontier_main(args) -> int:
     env["device_kind"] = f"{t.device['name']} (compiled for, deviceless; no GPU here)"
     stem = args.stem or f"memory_frontier_{t.name}_compiled"
     out = Path(args.out)
-    done = []
+    done, backfilled = [], {}
     if not args.restart and (out / f"{stem}.json").exists():
         done = frontier.read_frontier(out / f"{stem}.json")
+        backfilled = frontier.read_backfilled(out / f"{stem}.json")
         print(f"resuming: {len(done)} points already compiled in {out / f'{stem}.json'}")
     meta = {
         "how": "compiled",
@@ -215,6 +216,8 @@ def frontier_main(args) -> int:
             "step": "train_step.jit_train_step (clip, AdamW), state donated",
             "method": "compiled for the target with XLA's GPU compiler on a CPU-only machine",
         },
+        # What the earlier file said of the points it kept (filled in after they were written).
+        **({"backfilled": backfilled} if backfilled else {}),
     }
     points: list = list(done)
 

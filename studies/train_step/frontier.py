@@ -200,3 +200,10 @@ def read_frontier(path: str | Path) -> list[FrontierPoint]:
     """The points of a :func:`write_frontier` JSON file (to resume a sweep)."""
     data = json.loads(Path(path).read_text())
     return [FrontierPoint(**p) for p in data["points"]]
+
+
+def read_backfilled(path: str | Path) -> dict[str, Any]:
+    """``meta.backfilled`` of a :func:`write_frontier` JSON file: how fields of its points that
+    the sweep did not record were filled in afterwards (a resumed sweep keeps those points, so
+    it keeps this too); empty when there is none."""
+    return json.loads(Path(path).read_text())["meta"].get("backfilled", {})

@@ -169,7 +169,11 @@ def _share(fraction: float | None) -> str:
 
 
 def _deviceless(frontier: dict[str, Any], r: dict[str, Any]) -> int | None:
-    """The frontier's deviceless compile of the memory check's point, at the same setting."""
+    """The deviceless compile of the memory check's point, at the same setting: the row's own
+    ``deviceless_bytes`` where it records one (the compile of the code the device ran; the
+    frontier's point may since have been recompiled with other code), else the frontier's."""
+    if r.get("deviceless_bytes") is not None:
+        return r["deviceless_bytes"]
     for p in frontier["points"]:
         if (p["attention"], p["size"], p["context"]) == (r["attention"], r["size"], r["context"]):
             found = dict(p["tried"]).get(_label(r["remat"], r["loss_chunk"]))
