@@ -117,8 +117,24 @@ def test_data_parallel_attention_runs_each_devices_own_sequences():
 
     # One sequence's attention alone, forward and backward (the step's, at the same options).
     one = compile_attention("LT_chunked", (1, 1024, 2, 64), "bfloat16", "h100", chunk_size=64)
-    step = compile_train_step(cfg, "h100x8", batch=8, context=1024, kernels=True)
+    step = compile_train_step(cfg, "h100x8", batch=8, accum=2, context=1024, kernels=True)
     assert programs(one.kernels) and programs(step.compile.kernels) == programs(one.kernels)
+
+    # The gradients are summed over the devices once per update, in float32, as DDP sums
+    # them: left to XLA's partitioner each weight's gradient was all-reduced at its matmul's
+    # output, in bfloat16, inside every micro-step of the accumulation loop.
+    import jax
+
+    from linear_gpt2.experiments.collectives import collectives
+    from linear_gpt2.model import init_params
+
+    n_params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: init_params(cfg, 0))))
+    reduces = [c for c in collectives(step.hlo_text, 8) if c.kind == "all-reduce"]
+    assert reduces and all(c.count == 1 for c in reduces), reduces
+    summed = sum(c.operand_bytes for c in reduces)
+    assert 4 * n_params <= summed <= 4 * n_params + 64, (summed, n_params)
+    lines = [x for x in step.hlo_text.splitlines() if re.search(r" all-reduce(-start)?\(", x)]
+    assert lines and not any("bf16[" in x.split("all-reduce")[0] for x in lines)
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
-from linear_gpt2.platform.mesh import DATA, SEQ, axis_size
+from linear_gpt2.platform.mesh import DATA, SEQ, axis_size, manual_axes
 
 
 def split(x: jax.Array) -> tuple[P, frozenset[str]] | None:
@@ -25,7 +25,10 @@ def split(x: jax.Array) -> tuple[P, frozenset[str]] | None:
         return None
     mesh = jax.sharding.get_abstract_mesh()
     names = () if mesh.empty else mesh.axis_names
-    data, seq = (axis_size(a) if a in names else 1 for a in (DATA, SEQ))
+    # An axis already manual (inside a shard_map over it: the training step's per-device
+    # gradients, a context-parallel slice) holds each device's own rows: nothing to split.
+    manual = manual_axes()
+    data, seq = (axis_size(a) if a in names and a not in manual else 1 for a in (DATA, SEQ))
     if data * seq == 1 or x.shape[0] % data or x.shape[1] % seq:
         return None
     axes = frozenset(a for a, n in ((DATA, data), (SEQ, seq)) if n > 1)

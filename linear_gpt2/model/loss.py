@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 from linear_gpt2.kernels import rows
 from linear_gpt2.kernels.choice import is_fused_head, is_pallas
 from linear_gpt2.kernels.cross_entropy import naive as ce_naive
-from linear_gpt2.platform.mesh import DATA, SEQ, sequence_shards
+from linear_gpt2.platform.mesh import DATA, SEQ, manual_axes, sequence_shards
 
 F32 = jnp.float32
 IGNORE_INDEX = -1
@@ -207,7 +207,7 @@ def _over_devices(x, w, targets, chunk: int, dtype: str, kernel: str = "xla") ->
     hidden states at every step. Per device the mean of its counted tokens, weighted back into
     sums and combined over the mesh."""
     mesh = jax.sharding.get_abstract_mesh()
-    axes = tuple(a for a in (DATA, SEQ) if a in mesh.axis_names)
+    axes = tuple(a for a in (DATA, SEQ) if a in mesh.axis_names and a not in manual_axes())
     split = P(DATA if DATA in axes else None, SEQ if SEQ in axes else None)
 
     def body(x, w, t):

@@ -24,6 +24,13 @@ def axis_size(name: str) -> int:
     return int(dict(zip(mesh.axis_names, mesh.axis_sizes))[name])
 
 
+def manual_axes() -> frozenset[str]:
+    """The axes of the abstract mesh in context that are manual already: inside a
+    ``shard_map`` over them each device holds its own part, and code that splits arrays over
+    the mesh (``kernels/rows.py``, the loss over devices) must leave them out."""
+    return frozenset(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()))
+
+
 def sequence_shards() -> int:
     """How many slices the sequence is split into in the program being traced."""
     return axis_size(SEQ)

@@ -5,6 +5,13 @@ One call is one optimizer update over ``tokens_per_update`` tokens: the batch ar
 gradients of ``accum`` micro-batches (loss is a per-token mean, so the summed mean gradients over
 equal micro-batches divided by ``accum`` equal the gradient of one large batch), and one AdamW
 step applies them.
+
+Data parallel with replicated parameters (not FSDP), each device computes the gradients of its
+own sequences and they are summed over the devices once per update, in float32
+(:func:`_local_gradients`), as DDP does. Left to XLA's partitioner, the sum over the batch
+happens where a weight's gradient is formed, at the matmul's output: in bfloat16, inside every
+micro-step (the H100 program's all-reduces: tests/test_context_parallel.py, the data-parallel
+test; the one-device step equalled with unequal counts: tests/test_train_step_parallel.py).
 """
 
 from __future__ import annotations
@@ -14,9 +21,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec as P
 
 from linear_gpt2.model import correct, init_params, loss_fn
 from linear_gpt2.model.config import ModelConfig
+from linear_gpt2.model.loss import IGNORE_INDEX
+from linear_gpt2.platform.mesh import DATA
 from linear_gpt2.training.sharding import batch_sharding, replicated, state_shardings, traced_on
 
 
@@ -30,31 +40,81 @@ def init_state(params, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
-def make_train_step(model_cfg: ModelConfig, tx: optax.GradientTransformation, skip_nonfinite: bool):
+def _summed_gradients(model_cfg: ModelConfig, params, xs, weights=None):
+    """(gradients, loss) summed over the micro-batches of ``xs`` = (inputs, targets, keys[,
+    segments]), each scaled by its row of ``weights`` ``[accum]`` where given; float32, as the
+    parameters."""
+    grad_fn = jax.value_and_grad(loss_fn)
+
+    def micro(carry, xs):
+        grads, loss = carry
+        x, y, k, w, *seg = xs
+        l, g = grad_fn(params, x, y, model_cfg, train=True, rng=k, segment_ids=(seg or [None])[0])
+        if w is None:
+            return (jax.tree.map(jnp.add, grads, g), loss + l), None
+        return (jax.tree.map(lambda a, b: a + w * b, grads, g), loss + w * l), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    xs = (*xs[:3], weights, *xs[3:])
+    (grads, loss), _ = jax.lax.scan(micro, (zeros, jnp.zeros((), jnp.float32)), xs)
+    return grads, loss
+
+
+def _local_gradients(model_cfg: ModelConfig, mesh, params, xs):
+    """:func:`_summed_gradients` over a batch split on the mesh's ``data`` axis, each device on
+    its own sequences (``shard_map`` over ``data``), the devices' sums added once, in float32.
+
+    The loss is a mean over a micro-batch's counted targets (all devices' together), so each
+    device's mean enters weighted by its share of them: the weighted sum over devices is the
+    micro-batch's mean exactly, whatever each device counts. Each device folds its index into
+    the dropout key, so that devices draw different masks."""
+    targets = xs[1]
+    accum, B = targets.shape[:2]
+    n = dict(zip(mesh.axis_names, mesh.axis_sizes))[DATA]
+    counted = (targets != IGNORE_INDEX).reshape(accum, n, B // n, -1).sum(axis=(2, 3))
+    counted = counted.astype(jnp.float32)  # [accum, n]: each device's counted targets
+    weights = counted / jnp.maximum(counted.sum(axis=1, keepdims=True), 1.0)
+
+    def local(params, weights, inputs, targets, keys, *segments):
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, jax.lax.axis_index(DATA)))(keys)
+        g, loss = _summed_gradients(
+            model_cfg, params, (inputs, targets, keys, *segments), weights[:, 0]
+        )
+        return jax.lax.psum((g, loss), DATA)
+
+    split = P(None, DATA)
+    run = jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), split, split, split, P(), *(split,) * (len(xs) - 3)),
+        out_specs=P(), axis_names={DATA}, check_vma=False,
+    )  # fmt: skip
+    return run(params, weights, *xs)
+
+
+def make_train_step(
+    model_cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    skip_nonfinite: bool,
+    data_mesh=None,
+):
     """``step(state, inputs, targets, key) -> (state, metrics)``.
 
     inputs, targets (and, with ``doc_reset``, segments: document ids): int32 ``[accum, B, T]``.
     ``key`` seeds dropout; each update folds in its step number so a resumed run draws the same
     masks. With ``skip_nonfinite`` an update whose loss or
     gradient is NaN/inf is dropped (parameters and optimizer state unchanged) and reported.
+    ``data_mesh``: the mesh whose ``data`` axis splits B over devices holding the whole
+    parameters; each device then computes its own sequences' gradients
+    (:func:`_local_gradients`). None: XLA's partitioner places the step (one device, FSDP).
     """
 
     def step(state: TrainState, inputs, targets, key, segments=None):
         accum = inputs.shape[0]
         keys = jax.random.split(jax.random.fold_in(key, state.step), accum)
-        grad_fn = jax.value_and_grad(loss_fn)
-
-        def micro(carry, xs):
-            grads, loss = carry
-            x, y, k, *seg = xs
-            l, g = grad_fn(
-                state.params, x, y, model_cfg, train=True, rng=k, segment_ids=(seg or [None])[0]
-            )
-            return (jax.tree.map(jnp.add, grads, g), loss + l), None
-
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
         xs = (inputs, targets, keys) + (() if segments is None else (segments,))
-        (grads, loss), _ = jax.lax.scan(micro, (zeros, jnp.zeros((), jnp.float32)), xs)
+        if data_mesh is None:
+            grads, loss = _summed_gradients(model_cfg, state.params, xs)
+        else:
+            grads, loss = _local_gradients(model_cfg, data_mesh, state.params, xs)
         grads = jax.tree.map(lambda g: g / accum, grads)
         loss = loss / accum
         grad_norm = optax.tree.norm(grads)
@@ -122,8 +182,10 @@ def jit_train_step(
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
     # With doc_reset the step takes the document ids as a fifth argument, sharded as the tokens.
     extra = (batch3,) if model_cfg.doc_reset else ()
+    n = dict(zip(mesh.axis_names, mesh.axis_sizes)).get(DATA, 1)
+    data_mesh = mesh if n > 1 and not fsdp and batch % n == 0 else None
     step = jax.jit(
-        traced_on(mesh, make_train_step(model_cfg, tx, skip_nonfinite)),
+        traced_on(mesh, make_train_step(model_cfg, tx, skip_nonfinite, data_mesh)),
         in_shardings=(sh, batch3, batch3, replicated(mesh), *extra),
         out_shardings=(sh, replicated(mesh)),
         donate_argnums=(0,),
