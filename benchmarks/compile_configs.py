@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     env = provenance.environment()
     env["device_kind"] = f"{t.device['name']} x {t.n_devices} (compiled for, deviceless)"
     for file in args.configs:
-        name = str(Path(file).relative_to(REPO)) if Path(file).is_absolute() else file
+        f = Path(file)
+        name = str(f.relative_to(REPO)) if f.is_absolute() and f.is_relative_to(REPO) else file
         if name in rows:
             continue
         cfg = load_config(file)
