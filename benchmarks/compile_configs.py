@@ -6,9 +6,12 @@
 For each config, the step the trainer would run on the target's devices (tokens per update split
 into micro-batches, ``model.remat`` / ``model.loss_chunk`` ``auto`` resolved against the
 target's budget) is compiled with XLA's GPU compiler, deviceless, and its memory per device is
-recorded. Writes ``<stem>.json`` and ``<stem>.md`` into ``--out`` (default
-``benchmarks/results``); the stem defaults to ``configs_<target>_compiled``. Resumes: configs
-already in the JSON are not compiled again unless ``--restart``.
+recorded, with the commit compiled and the step's ``auto`` choices for the target (blocks
+scanned or unrolled, the glue kernels: ``compile_step.choices``). Writes ``<stem>.json`` and
+``<stem>.md`` into ``--out`` (default ``benchmarks/results``); the stem defaults to
+``configs_<target>_compiled``. Resumes: configs already in the JSON are not compiled again unless
+``--restart``; ``--restart --before NOTE`` keeps the file's rows under ``before`` (NOTE says what
+they were compiled with), which the page shows beside the new ones and later runs carry over.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--stem", default=None)
     p.add_argument("--restart", action="store_true")
+    p.add_argument("--before", default=None, metavar="NOTE",
+                   help="with --restart: keep the file's rows as 'before', NOTE saying what "
+                   "they were compiled with")  # fmt: skip
     args = p.parse_args(argv)
+    if args.before and not args.restart:
+        p.error("--before keeps the rows a --restart replaces: add --restart, or drop --before")
 
     from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform import provenance, target
@@ -42,12 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{stem}.json"
     rows: dict[str, dict] = {}
-    if path.exists() and not args.restart:
-        rows = {r["config"]: r for r in json.loads(path.read_text())["rows"]}
+    old = json.loads(path.read_text()) if path.exists() else {}
+    if old and not args.restart:
+        rows = {r["config"]: r for r in old["rows"]}
+    before = old.get("before")
+    if args.before and old.get("rows"):
+        before = {"note": args.before, "meta": old["meta"], "rows": old["rows"]}
     env = provenance.environment()
     env["device_kind"] = f"{t.device['name']} x {t.n_devices} (compiled for, deviceless)"
     for file in args.configs:
-        name = str(Path(file).relative_to(REPO)) if Path(file).is_absolute() else file
+        f = Path(file)
+        name = str(f.relative_to(REPO)) if f.is_absolute() and f.is_relative_to(REPO) else file
         if name in rows:
             continue
         cfg = load_config(file)
@@ -69,12 +82,15 @@ def main(argv: list[str] | None = None) -> int:
                 "fits": r.fits,
                 "tried": [[n, m.total] for n, m in r.plan.tried],
                 "compile_seconds": r.compile.seconds,
+                "git_commit": env["git_commit"],
+                "choices": r.choices,
                 "kernel_design": frontier.kernel_design(
                     r.config, t.name, cfg.train.micro_batch, cfg.model.dtype, cfg.data.context
                 ),
             }
         except target.CompileError as e:
-            row = {"config": name, "error": str(e).splitlines()[0], "fits": False}
+            row = {"config": name, "error": str(e).splitlines()[0], "fits": False,
+                   "git_commit": env["git_commit"]}  # fmt: skip
         rows[name] = row
         print(
             f"{name:<40} "
@@ -87,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
-        _write(out, stem, t, env, list(rows.values()))
-    _write(out, stem, t, env, list(rows.values()))
+        _write(out, stem, t, env, list(rows.values()), before)
+    _write(out, stem, t, env, list(rows.values()), before)
     bad = [r["config"] for r in rows.values() if not r.get("fits")]
     print(f"{len(rows) - len(bad)} of {len(rows)} fit {t.budget_bytes / 2**30:.0f} GiB per device")
     return 1 if bad else 0
 
 
-def _write(out: Path, stem: str, t, env: dict, rows: list[dict]) -> None:
+def _write(out: Path, stem: str, t, env: dict, rows: list[dict], before: dict | None) -> None:
     from studies import common as reports
 
     meta = {
@@ -104,7 +120,8 @@ def _write(out: Path, stem: str, t, env: dict, rows: list[dict]) -> None:
         "method": "compiled for the target with XLA's GPU compiler on a CPU-only machine; no run",
         "settings": {"kernel_design": "per row (the attention spec's, for the target)"},
     }
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    data = {"meta": meta, "rows": rows, **({"before": before} if before else {})}
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
     template = "\n".join([
         f"# Run configs compiled for {t.name}: memory per device",
         "",

@@ -94,9 +94,10 @@ def run_config(file: str, overrides=(), target: str = "h100x8"):
 def points(results: Path):
     """(group, source file, its commit, point name, target, model config, StepShape, compiled
     bytes) for every compiled candidate the raw files record (their glue at XLA's:
-    :func:`xla_glue`)."""
+    :func:`xla_glue`, but where a row records the glue it was compiled with)."""
     for group, source, commit, point, tgt, m, shape, compiled in _points(results):
-        yield group, source, commit, point, tgt, m.replace(**xla_glue()), shape, compiled
+        glue = {k: v for k, v in xla_glue().items() if getattr(m, k) == "auto"}
+        yield group, source, commit, point, tgt, m.replace(**glue), shape, compiled
 
 
 def _points(results: Path):
@@ -109,9 +110,12 @@ def _points(results: Path):
         if "error" in r:
             continue
         _, m, shape, _ = run_config(r["config"])
+        # Rows compiled since compile_configs records auto's choices: the glue they compiled.
+        glue = {k: v for k, v in r.get("choices", {}).items() if k.endswith("_kernel")}
         for label, compiled in r["tried"]:
-            yield ("configs/post, one 8-GPU node", "configs_h100x8_compiled.json", commit,
-                   r["config"], "h100x8", m.replace(**parse_label(label)), shape, compiled)  # fmt: skip
+            yield ("configs/post, one 8-GPU node", "configs_h100x8_compiled.json",
+                   r.get("git_commit", commit), r["config"], "h100x8",
+                   m.replace(**parse_label(label), **glue), shape, compiled)  # fmt: skip
     long = json.loads((results / "context_parallel_h100x8_compiled.json").read_text())
     for r in long["rows"]:
         _, m, shape, _ = run_config(r["config"], target=r["target"])

@@ -7,6 +7,7 @@ the test. Memory figures are XLA's buffer assignment for the H100, not a run.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -19,10 +20,12 @@ import pytest
 
 from linear_gpt2 import kernels
 from linear_gpt2.experiments import compile_step
+from linear_gpt2.kernels import choice
 from linear_gpt2.model import gpt
 from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.platform import device, target
 from linear_gpt2.platform.memory import GiB
+from studies.common.fmt import gib
 from tests.helpers import SLOW
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +75,63 @@ def test_kernel_choice_follows_the_target_not_the_process_backend():
         assert device.platform() == "gpu" and kernels.on_gpu() and not kernels.interpret()
         assert not device.gpu_present()  # compiling for a GPU is not having one (autotuning)
     assert device.platform() == "cpu"
+
+
+def test_step_choices_are_what_the_model_traces_for_the_target():
+    """compile_step.choices (what compile_configs records per row) answers as the model traces
+    for the H100: blocks unrolled, the scan kept with whole blocks rematerialised, the glue at
+    auto's pick, an explicit option or a model without biases as given."""
+    cfg = ModelConfig(n_layer=2, n_embd=64, n_head=2, remat="none", loss_chunk=0)
+    pick = "pallas" if choice.AUTO_PICKS_PALLAS else "xla"
+    glue = ("layernorm_kernel", "mlp_kernel", "bias_kernel", "loss_kernel")
+    assert compile_step.choices(cfg, "h100") == {"scan_layers": False, **dict.fromkeys(glue, pick)}
+    assert compile_step.choices(cfg.replace(remat="full"), "h100")["scan_layers"] is True
+    c = compile_step.choices(cfg.replace(layernorm_kernel="xla", bias=False), "h100")
+    assert [c[k] for k in glue] == ["xla", "xla", "xla", pick]
+    assert gpt.scans_layers(cfg)  # outside the target's trace: the CPU's program, scanned
+
+
+@SLOW
+def test_compile_configs_records_commit_and_choices_and_keeps_the_rows_it_replaces(tmp_path):
+    """benchmarks/compile_configs.py on a tiny config for the H100: each row says its commit
+    and auto's choices; --restart --before keeps the replaced rows (here a file written by
+    hand: one compile), a resume carries them over, and the page shows them beside the new."""
+    spec = importlib.util.spec_from_file_location(
+        "compile_configs", REPO / "benchmarks" / "compile_configs.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        "model: {n_layer: 1, n_embd: 64, n_head: 2, block_size: 256,"
+        " dtype: bfloat16, remat: none, loss_chunk: 0}\n"
+        "data: {context: 256}\ntrain: {tokens_per_update: 256, micro_batch: 1}\n"
+    )
+    old = {"meta": {"how": "compiled"}, "rows": [
+        {"config": str(config), "remat": "dots", "loss_chunk": 64, "memory_bytes": GiB},
+    ]}  # fmt: skip
+    (tmp_path / "c.json").write_text(json.dumps(old))
+    args = [str(config), "--target", "h100", "--out", str(tmp_path), "--stem", "c"]
+
+    def read():
+        return json.loads((tmp_path / "c.json").read_text())
+
+    with pytest.raises(SystemExit):  # --before without --restart: nothing is replaced
+        script.main([*args, "--before", "x"])
+    assert script.main([*args, "--restart", "--before", "as first compiled"]) == 0
+    new = read()
+    assert new["before"] == {"note": "as first compiled", **old}
+    [row] = new["rows"]
+    assert row["git_commit"] and row["git_commit"] == new["meta"]["environment"]["git_commit"]
+    cfg = ModelConfig(n_layer=1, n_embd=64, n_head=2, block_size=256,
+                      dtype="bfloat16", remat="none", loss_chunk=0)  # fmt: skip
+    assert row["choices"] == compile_step.choices(cfg, "h100")
+    assert script.main(args) == 0  # a resume: compiles nothing, keeps before
+    assert {k: read()[k] for k in ("rows", "before")} == {"rows": [row], "before": new["before"]}
+    page = (tmp_path / "c.md").read_text()
+    change = f"{(row['memory_bytes'] - GiB) / GiB:+.1%}"
+    assert "Before: as first compiled." in page
+    assert f"| {gib(row['memory_bytes'])} | yes | dots, 64 | 1.00 | {change} |" in page, page
 
 
 # --------------------------------------------------------------------------------------------

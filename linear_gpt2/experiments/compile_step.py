@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from linear_gpt2 import attention
 from linear_gpt2.experiments import collectives
+from linear_gpt2.model import gpt, layers
 from linear_gpt2.platform.target import (
     DEFAULT,
     CompileReport,
@@ -128,6 +129,8 @@ class StepReport:
     # The chosen setting's compiled step (the plan's executable, not compiled again): its
     # ``as_text()`` is the optimized program.
     executable: Any = None
+    # The chosen step's ``auto`` choices as traced for the target (:func:`choices`).
+    choices: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def hlo_text(self) -> str | None:
@@ -152,6 +155,23 @@ class StepReport:
             "context_parallel": self.context_parallel,
             "collectives": self.collectives,
             "tried": [(name, m.total) for name, m in self.plan.tried],
+            "choices": self.choices,
+        }
+
+
+def choices(cfg: Any, target: str | Target = DEFAULT) -> dict[str, Any]:
+    """What ``cfg``'s (a ``ModelConfig``, remat resolved) step runs when traced for ``target``,
+    asked of the model's own readers of each option: the blocks as one scan or unrolled
+    (``model.scan_layers``) and the glue's implementation, ``xla`` or ``pallas``
+    (``model.layernorm_kernel``, ``mlp_kernel``, ``bias_kernel``, ``loss_kernel``)."""
+    impl = {True: "pallas", False: "xla"}
+    with traced_for(get(target)):
+        return {
+            "scan_layers": gpt.scans_layers(cfg),
+            "layernorm_kernel": impl[layers.fused_layer_norm(cfg)],
+            "mlp_kernel": impl[layers.fused_mlp(cfg)],
+            "bias_kernel": impl[layers.fused_bias(cfg)],
+            "loss_kernel": gpt.loss_kernel_of(cfg),
         }
 
 
@@ -226,6 +246,7 @@ def compile_train_step(
         if chosen.executable is not None and t.n_devices > 1
         else [],
         chosen.executable,
+        choices(chosen.config, t),
     )
 
 

@@ -238,28 +238,58 @@ def memory_check_reading(check: Raw, frontier: Raw) -> str:
 
 @renderer("configs.table")
 def configs_table(raw: Raw) -> str:
-    """Per-device memory of each learning-study config compiled for a node."""
+    """Per-device memory of each learning-study config compiled for a node, with the commit and
+    ``auto``'s choices each row records and, where the file keeps them (``before``), the rows
+    it replaced beside the new ones."""
     meta, prov = raw.data["meta"], provenance(raw.data)
+    rows, before = raw.data["rows"], raw.data.get("before")
+    commits = sorted({short(r.get("git_commit")) for r in rows})
     lines = [
         f"{meta['target']}. **{how(prov)}**: the trainer's step compiled for the "
         f"target on a machine without a GPU (deviceless XLA); jax {prov['jax']}, commit "
-        f"{short(prov['commit'])}, {prov['time']}. Kernel design: "
-        f"{meta.get('settings', {}).get('kernel_design', 'not recorded')}"
-        + (f" ({_designs(raw.data['rows'])})" if _designs(raw.data["rows"]) else "")
-        + ".",
+        f"{short(prov['commit'])}, {prov['time']}; rows compiled at {', '.join(commits)}. "
+        f"Kernel design: {meta.get('settings', {}).get('kernel_design', 'not recorded')}"
+        + (f" ({_designs(rows)})" if _designs(rows) else "")
+        + ". Blocks and glue: `auto`'s choices for the target as each row records them (the "
+        "glue: LayerNorm, bias + GELU, bias gradient, cross-entropy)."
+        + (f" Before: {before['note']}." if before else ""),
         "",
     ]
-    body = [
-        [r["config"], "", "", "", "", f"error: {r['error']}", "no"] if "error" in r else
-        [r["config"], r["context"], f"{r['micro_batch']} x {r['devices']} x {r['accum']}",
-         r["remat"], r["loss_chunk"], gib(r["memory_bytes"]), "yes" if r["fits"] else "no"]
-        for r in sorted(raw.data["rows"], key=lambda r: r["config"])
-    ]  # fmt: skip
-    return "\n".join(lines) + table(
-        ["config", "context", "micro-batch x devices x accum", "remat", "loss chunk",
-         "GiB per device", "fits"],
-        body,
-    )  # fmt: skip
+    old = {r["config"]: r for r in before["rows"]} if before else {}
+    head = ["config", "context", "micro-batch x devices x accum", "remat", "loss chunk",
+            "blocks", "glue", "GiB per device", "fits"]  # fmt: skip
+    if before:
+        head += ["before: remat, loss chunk", "before: GiB per device", "change"]
+    body = []
+    for r in sorted(rows, key=lambda r: r["config"]):
+        if "error" in r:
+            row = [r["config"], "", "", "", "", "", "", f"error: {r['error']}", "no"]
+        else:
+            row = [r["config"], r["context"], f"{r['micro_batch']} x {r['devices']} x {r['accum']}",
+                   r["remat"], r["loss_chunk"], *_choices(r.get("choices")),
+                   gib(r["memory_bytes"]), "yes" if r["fits"] else "no"]  # fmt: skip
+        if before:
+            b = old.get(r["config"])
+            if b is None or "error" in b:
+                row += ["", f"error: {b['error']}" if b else "not compiled", ""]
+            else:
+                row += [f"{b['remat']}, {b['loss_chunk']}", gib(b["memory_bytes"]),
+                        "" if "error" in r else _rel(b["memory_bytes"], r["memory_bytes"])]  # fmt: skip
+        body.append(row)
+    return "\n".join(lines) + table(head, body)
+
+
+def _choices(c: dict[str, Any] | None) -> tuple[str, str]:
+    """A row's blocks (scanned / unrolled) and glue kernels: ``pallas`` or ``xla`` where all four
+    agree, else each named; ``not recorded`` for rows compiled before they were."""
+    if not c:
+        return "not recorded", "not recorded"
+    glue = {k: c[f"{k}_kernel"] for k in ("layernorm", "mlp", "bias", "loss")}
+    same = set(glue.values())
+    return (
+        "scanned" if c["scan_layers"] else "unrolled",
+        same.pop() if len(same) == 1 else ", ".join(f"{k} {v}" for k, v in glue.items()),
+    )
 
 
 def _bytes(d: dict[str, Any]) -> float:
