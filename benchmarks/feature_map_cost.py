@@ -78,7 +78,7 @@ def plan_estimates(fm: str, T: int) -> dict:
     for c in memory_plan.candidates(cfg):
         with target.traced_for(t):
             e = memory_plan.estimate(c, shape)
-        limit = t.budget_bytes * (1 + memory_plan.estimate_margin(c))
+        limit = t.budget_bytes * (1 + e.margin)
         rows.append({"setting": memory_plan.label(c), "memory_bytes": e.memory,
                      "modelled_ms": e.seconds * 1e3, "compiled": e.memory <= limit})  # fmt: skip
     return {"budget_bytes": t.budget_bytes, "candidates": rows}

@@ -93,11 +93,22 @@ def run_config(file: str, overrides=(), target: str = "h100x8"):
 
 def points(results: Path):
     """(group, source file, its commit, point name, target, model config, StepShape, compiled
-    bytes) for every compiled candidate the raw files record (their glue at XLA's:
-    :func:`xla_glue`, but where a row records the glue it was compiled with)."""
-    for group, source, commit, point, tgt, m, shape, compiled in _points(results):
-        glue = {k: v for k, v in xla_glue().items() if getattr(m, k) == "auto"}
-        yield group, source, commit, point, tgt, m.replace(**glue), shape, compiled
+    bytes) for every compiled candidate the raw files record, estimated as it was compiled:
+    where a row records ``auto``'s choices (``compile_step.choices``) with them, else with the
+    glue at XLA's (:func:`xla_glue`) and the blocks scanned, the program of before those
+    options were ``auto``."""
+    for group, source, commit, point, tgt, m, shape, compiled, glue in _points(results):
+        if glue is None:  # compiled before auto's choices were recorded (or were auto)
+            pinned = {**xla_glue(), "scan_layers": True}
+        else:  # the glue it recorded; each label's blocks as auto takes them for its remat
+            pinned = glue
+        pinned = {k: v for k, v in pinned.items() if getattr(m, k) == "auto"}
+        yield group, source, commit, point, tgt, m.replace(**pinned), shape, compiled
+
+
+def _glue(choices: dict | None) -> dict | None:
+    """The glue's kernels among a row's recorded choices; None where it records none."""
+    return {k: v for k, v in choices.items() if k.endswith("_kernel")} if choices else None
 
 
 def _points(results: Path):
@@ -110,19 +121,18 @@ def _points(results: Path):
         if "error" in r:
             continue
         _, m, shape, _ = run_config(r["config"])
-        # Rows compiled since compile_configs records auto's choices: the glue they compiled.
-        glue = {k: v for k, v in r.get("choices", {}).items() if k.endswith("_kernel")}
         for label, compiled in r["tried"]:
             yield ("configs/post, one 8-GPU node", "configs_h100x8_compiled.json",
                    r.get("git_commit", commit), r["config"], "h100x8",
-                   m.replace(**parse_label(label), **glue), shape, compiled)  # fmt: skip
+                   m.replace(**parse_label(label)), shape, compiled,
+                   _glue(r.get("choices")))  # fmt: skip
     long = json.loads((results / "context_parallel_h100x8_compiled.json").read_text())
     for r in long["rows"]:
         _, m, shape, _ = run_config(r["config"], target=r["target"])
         for label, compiled in r["tried"]:
             yield ("configs/long, context parallel", "context_parallel_h100x8_compiled.json",
                    r["environment"]["git_commit"], r["config"], r["target"],
-                   m.replace(**parse_label(label)), shape, compiled)  # fmt: skip
+                   m.replace(**parse_label(label)), shape, compiled, None)  # fmt: skip
     switches = results / "model_switches_h100_compiled.json"
     if switches.exists():  # the model switches (benchmarks/model_switches.py)
         d = json.loads(switches.read_text())
@@ -132,7 +142,7 @@ def _points(results: Path):
                              remat=p["remat"], loss_chunk=p["loss_chunk"], **p["switches"])  # fmt: skip
             yield ("model switches, one GPU", switches.name, p["git_commit"],
                    f"{s['attention']} {s['size']} {p['context']}, {p['variant']}", "h100", m,
-                   StepShape(1, p["context"]), p["memory_bytes"])  # fmt: skip
+                   StepShape(1, p["context"]), p["memory_bytes"], None)  # fmt: skip
     front = json.loads((results / "memory_frontier_h100_compiled.json").read_text())
 
     for p in front["points"]:
@@ -140,7 +150,7 @@ def _points(results: Path):
             m = model_config(p["size"], p["attention"], p["context"], **parse_label(label))
             yield ("one GPU, batch 1 (memory frontier)", "memory_frontier_h100_compiled.json",
                    p.get("git_commit"), f"{p['attention']} {p['size']} {p['context']}", "h100",
-                   m, StepShape(1, p["context"]), compiled)  # fmt: skip
+                   m, StepShape(1, p["context"]), compiled, _glue(p.get("choices")))  # fmt: skip
 
 
 def plan_of(name: str, file: str, overrides, tgt: str, fresh: dict) -> dict:
@@ -249,7 +259,7 @@ def main(argv=None) -> int:
             "shape": shape.__dict__, "compiled_bytes": compiled, "estimate_bytes": e.memory,
             "estimate_parts": e.parts, "modelled_ms": e.seconds * 1e3,
             "collective_bytes": e.collective_bytes, "error": e.memory / compiled - 1,
-            "margin": memory_plan.estimate_margin(m),
+            "margin": e.margin,
         })  # fmt: skip
         print(f"{group[:14]:<14} {point[:44]:<44} {memory_plan.label(m):<28} "
               f"est {e.memory / 2**30:7.2f} compiled {compiled / 2**30:7.2f} GiB "

@@ -107,6 +107,15 @@ def _scans(cfg, t) -> bool:
         return scans_layers(cfg)
 
 
+def _margin(cfg, t) -> float:
+    """The plan's margin for ``cfg`` traced for ``t`` (auto's blocks are the target's)."""
+    from linear_gpt2.platform.target import traced_for
+    from linear_gpt2.training import memory_plan
+
+    with traced_for(t):
+        return memory_plan.estimate_margin(cfg)
+
+
 def plan_config(config: str, target: str) -> dict:
     from linear_gpt2.experiments import compile_step
     from linear_gpt2.platform.target import get
@@ -122,7 +131,7 @@ def plan_config(config: str, target: str) -> dict:
     return {
         "scan_layers": _scans(report.config, t), "chosen": memory_plan.label(report.config),
         "fits": plan.fits, "budget_bytes": plan.budget,
-        "margin": memory_plan.estimate_margin(report.config),
+        "margin": _margin(report.config, t),
         "candidates": [{"setting": name, "estimate_bytes": e.memory,
                         "compiled_bytes": compiled.get(name)} for name, e in plan.estimates],
         "compile_seconds": wall, "compile_cpu_seconds": cpu,

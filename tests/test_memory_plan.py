@@ -20,8 +20,8 @@ def _mem(total: int) -> MemoryReport:
     return MemoryReport(arguments=0, outputs=0, temporaries=total, aliased=0)
 
 
-def _est(memory: int, seconds: float) -> mp.Estimate:
-    return mp.Estimate(memory, {}, seconds, {}, {})
+def _est(memory: int, seconds: float, margin: float = mp.ESTIMATE_MARGIN) -> mp.Estimate:
+    return mp.Estimate(memory, {}, seconds, {}, {}, margin)
 
 
 def _planner(estimated: dict, compiled: dict):
@@ -29,7 +29,7 @@ def _planner(estimated: dict, compiled: dict):
     seen: list[tuple] = []
 
     def estimate(c):
-        return _est(*estimated.get((c.loss_chunk, c.remat), (30, 1.1)))
+        return _est(*estimated.get((c.loss_chunk, c.remat), (30, 1.1)), mp.estimate_margin(c))
 
     def compile_candidate(c):
         key = (c.loss_chunk, c.remat)
@@ -67,6 +67,27 @@ def test_unrolled_blocks_get_a_wider_margin():
         estimate, compile_candidate, seen = _planner(est, compiled)
         p = mp.plan(CFG.replace(scan_layers=scan), compile_candidate, 50, estimate=estimate)
         assert seen == [first] and p.fits
+
+
+def test_the_plan_takes_the_margin_of_the_target_the_estimate_was_traced_for():
+    """``compile_step`` traces each estimate for the target; the plan asked the margin outside
+    that trace, where on this CPU machine ``auto``'s blocks are the scan's: a step unrolled for
+    the H100 got the scan's margin, and a candidate that fits could be skipped."""
+    from linear_gpt2.platform.target import traced_for
+
+    plain = CFG.replace(remat="none", loss_chunk=0)
+    with traced_for("h100"):
+        assert mp.estimate(plain, mp.StepShape(1, 64)).margin == mp.UNROLLED_ESTIMATE_MARGIN
+    assert mp.estimate(plain, mp.StepShape(1, 64)).margin == mp.ESTIMATE_MARGIN
+    est = {**LADDER, (4096, "none"): (65, 1.01)}
+    compiled = {k: v[0] for k, v in est.items()} | {(4096, "none"): 49}
+    _, compile_candidate, seen = _planner(est, compiled)
+
+    def unrolled(c):  # as traced for the H100
+        return _est(*est.get((c.loss_chunk, c.remat), (30, 1.1)), mp.UNROLLED_ESTIMATE_MARGIN)
+
+    p = mp.plan(CFG, compile_candidate, 50, estimate=unrolled)
+    assert seen == [(4096, "none")] and p.fits
 
 
 def test_plan_picks_by_modelled_time_collectives_included():

@@ -179,6 +179,10 @@ class Estimate:
     seconds: float  # MODELLED step time (assumed rates above), for ranking only
     times: dict[str, float]  # its terms: compute, memory, host, collectives
     collective_bytes: dict[str, float]  # what one device sends per step, by collective
+    # How far over the budget this estimate may be and still be compiled (estimate_margin),
+    # decided where the estimate was traced: whether auto unrolls the blocks depends on the
+    # target traced for, which the plan's caller knows and the plan does not.
+    margin: float = ESTIMATE_MARGIN
 
 
 def _saved_residuals(f, *args):
@@ -520,7 +524,7 @@ def estimate(cfg: ModelConfig, shape: StepShape) -> Estimate:
     for name, sent in coll.items():
         group = shape.devices if name.startswith(("parameters", "gradients")) else cp
         times[name] = sent / _link_rate(group, shape)
-    return Estimate(int(memory), parts, sum(times.values()), times, coll)
+    return Estimate(int(memory), parts, sum(times.values()), times, coll, estimate_margin(cfg))
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,7 +573,7 @@ def plan(
     ``compile_candidate(cfg) -> (MemoryReport, executable)`` compiles the step for a resolved
     config. With ``budget`` None nothing is compiled and the first candidate is returned. With
     ``estimate(cfg) -> Estimate`` (:func:`estimate` at the step's shape) the candidates whose
-    estimated memory is within the budget and its margin (:func:`estimate_margin`) are compiled in order of
+    estimated memory is within the budget and its margin (``Estimate.margin``) are compiled in order of
     modelled time until one fits; without it every candidate is compiled in ladder order.
     When none fits, the plan holds the most frugal one compiled (compiled if it was not),
     with ``fits=False``, for the caller's error message. ``start`` skips the first candidates
@@ -585,7 +589,7 @@ def plan(
         estimates = {c: estimate(c) for c in cands}
         # Stable: equal modelled times keep the ladder's order.
         order = sorted((c for c in cands
-                        if estimates[c].memory <= budget * (1 + estimate_margin(c))),
+                        if estimates[c].memory <= budget * (1 + estimates[c].margin)),
                        key=lambda c: estimates[c].seconds)  # fmt: skip
         if not order:  # nothing can fit: compile the most frugal, for the numbers
             order = [min(cands, key=lambda c: estimates[c].memory)]

@@ -62,6 +62,9 @@ class FrontierPoint:
     error: str | None = None
     git_commit: str | None = None  # the code it was compiled with (a sweep may span commits)
     kernel_design: str | None = None  # the spec's kernel_design for the target, if it has one
+    # auto's choices for the chosen setting as traced for the target (compile_step.choices):
+    # the glue's kernels and the blocks scanned or not; empty where the point predates them.
+    choices: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def frontier_point(
@@ -90,6 +93,7 @@ def frontier_point(
     point.tried = [[name, m.total] for name, m in r.plan.tried]
     point.git_commit = git_commit()
     point.kernel_design = kernel_design(r.config, target, batch, dtype)
+    point.choices = r.choices
     if not r.fits:
         point.status = "too_big"
     return point
