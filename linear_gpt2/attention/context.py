@@ -26,7 +26,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from linear_gpt2.platform.errors import ConfigError
-from linear_gpt2.platform.mesh import DATA, SEQ, axis_size, sequence_shards
+from linear_gpt2.platform.mesh import DATA, SEQ, axis_size, manual_axes, sequence_shards
 
 __all__ = ["SEQ", "over_batch", "over_sequence", "sequence_shards"]
 
@@ -38,8 +38,7 @@ def _batch_shards(B: int) -> int:
     n = axis_size(DATA)
     if n == 1 or B % n:
         return 1
-    mesh = jax.sharding.get_abstract_mesh()
-    return 1 if DATA in getattr(mesh, "manual_axes", ()) else n
+    return 1 if DATA in manual_axes() else n
 
 
 def over_batch(fn: Callable[..., jax.Array], q, k, v, **kwargs) -> jax.Array:

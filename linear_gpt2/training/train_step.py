@@ -70,7 +70,7 @@ def _local_gradients(model_cfg: ModelConfig, mesh, params, xs):
     the dropout key, so that devices draw different masks."""
     targets = xs[1]
     accum, B = targets.shape[:2]
-    n = dict(zip(mesh.axis_names, mesh.axis_sizes))[DATA]
+    n = mesh.shape[DATA]
     counted = (targets != IGNORE_INDEX).reshape(accum, n, B // n, -1).sum(axis=(2, 3))
     counted = counted.astype(jnp.float32)  # [accum, n]: each device's counted targets
     weights = counted / jnp.maximum(counted.sum(axis=1, keepdims=True), 1.0)
@@ -182,7 +182,7 @@ def jit_train_step(
     batch3 = batch_sharding(mesh, 3, batch_axis=1)
     # With doc_reset the step takes the document ids as a fifth argument, sharded as the tokens.
     extra = (batch3,) if model_cfg.doc_reset else ()
-    n = dict(zip(mesh.axis_names, mesh.axis_sizes)).get(DATA, 1)
+    n = mesh.shape.get(DATA, 1)
     data_mesh = mesh if n > 1 and not fsdp and batch % n == 0 else None
     step = jax.jit(
         traced_on(mesh, make_train_step(model_cfg, tx, skip_nonfinite, data_mesh)),
