@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
 import subprocess
 import sys
 from functools import partial
@@ -719,6 +720,22 @@ def test_triton_version_mismatch_is_named(monkeypatch):
     assert msg and "jax-triton 0.4.1 needs triton>=3.7 but triton 3.6.0" in msg
     versions["triton"] = "3.7.1"
     assert triton_fused._triton_mismatch() is None
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_triton_kernels_compile_for_the_h100_in_the_inputs_precision(dtype):
+    """Triton's tl.dot takes float32 tiles through TF32 unless told otherwise (the H200's
+    float32 gpu test failed at TF32's rounding): compiled for sm_90 here, no TF32 instruction
+    with float32 inputs; with bfloat16 inputs their tiles on the tensor cores in bfloat16 and
+    the float32 state's dots in TF32 (triton_fused._precision)."""
+    pytest.importorskip("triton", reason="triton comes with torch (pip install .[parity])")
+    ptx = triton_fused.compile_ptx(dtype, T=32, H=1, D=16, c=16)
+    assert set(ptx) == {"_fwd_kernel", "_bwd_kernel"}
+    for name, code in ptx.items():
+        if dtype == jnp.float32:
+            assert ".tf32" not in code, name
+        else:
+            assert re.search(r"mma\S*\.bf16", code) and re.search(r"mma\S*\.tf32", code), name
 
 
 # --------------------------------------------------------------------------------------------
