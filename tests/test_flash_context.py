@@ -42,6 +42,20 @@ def _reference(q, k, v, mask):
     return o, lse
 
 
+def _reference_bwd(q, k, v, mask, do):
+    """float64 numpy: the masked softmax attention's (dq, dk, dv) ``[B, S, H, D]``, wholly
+    masked rows contributing nothing (the block convention, with the block's own o and lse)."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    o, lse = _reference(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = np.where(mask[:, None], np.einsum("bqhd,bkhd->bhqk", q, k) * scale, -np.inf)
+    p = np.exp(s - np.where(np.isfinite(lse), lse, 0.0)[..., None])  # [B, H, Sq, Sk]
+    delta = np.einsum("bqhd,bqhd->bhq", do, o)
+    ds = p * (np.einsum("bqhd,bkhd->bhqk", do, v) - delta[..., None]) * scale
+    return (np.einsum("bhqk,bkhd->bqhd", ds, k), np.einsum("bhqk,bqhd->bkhd", ds, q),
+            np.einsum("bhqk,bqhd->bkhd", p, do))  # fmt: skip
+
+
 def _segments(rng, B, S):
     """Segment ids int32 ``[B, S]``: the first document continues from before the block, another
     starts at S // 2, others at random."""
@@ -339,7 +353,9 @@ def test_cudnn_block_matches_xla_block(causal, Sq, Sk):
 def test_tiled_block_matches_xla_block_on_gpu(causal, full_precision_matmuls):
     """The tiled block as the GPU compiles it (bfloat16 inputs, documents, tiles of 256 over
     blocks of 1024 and 512) against the XLA block, forward and backward (float32 matmuls at
-    full precision in both, so the bound is the summation order's)."""
+    full precision in both, so the bound is the summation order's), and the backward of both
+    against float64 (an H200 once failed the non-causal dq at 0.15 on a rerun of code that had
+    passed: the float64 check names the side that is off)."""
     B, Sq, Sk, H, D = 1, 1024, 1024 if causal else 512, 4, 64
     rng = np.random.default_rng(5)
     q, do = (jnp.asarray(rng.normal(size=(B, Sq, H, D)), jnp.bfloat16) for _ in range(2))
@@ -355,5 +371,12 @@ def test_tiled_block_matches_xla_block_on_gpu(causal, full_precision_matmuls):
     lse_all = jnp.where(jnp.isfinite(lse_ref), lse_ref, 0.0)
     got = jax.jit(block.bwd, static_argnums=5)(q, k, v, seg_q, seg_k, causal, o_ref, lse_all, do)
     want = flash_context.xla_bwd(q, k, v, seg_q, seg_k, causal, o_ref, lse_all, do)
+    mask = np.asarray(flash_context.block_mask(Sq, Sk, seg_q, seg_k, causal))
+    exact = _reference_bwd(*(np.asarray(x.astype(jnp.float32)) for x in (q, k, v)), mask,
+                           np.asarray(do.astype(jnp.float32)))  # fmt: skip
+    errs = {f"{side} {name}": rel_err(g, e)
+            for side, grads in (("tiled", got), ("xla", want))
+            for name, g, e in zip(("dq", "dk", "dv"), grads, exact)}  # fmt: skip
+    assert max(errs.values()) < 1e-3, errs
     for g, w in zip(got, want):
         assert rel_err(g, w) < 1e-3
