@@ -21,7 +21,8 @@ the order of the programs; each round times ``--iters`` calls of each; medians o
     python benchmarks/bench_glue.py --tiny         # CPU smoke run: interpret mode, tiny rows
 
 Output: a printed table and ``bench_glue.json`` under ``--out``. ``make gpu-check``'s
-glue_kernels stage runs it; the page is ``glue_kernels_<device>_measured`` (gpu_check).
+glue_kernels stage runs it; the page is ``glue_kernels_<device>_measured`` (gpu_check), and
+``studies/gpu_check/glue_launch.py`` holds the rule that picks ``launch.DEFAULTS`` from the file.
 """
 
 from __future__ import annotations

@@ -96,11 +96,32 @@ def _launch(r: dict[str, Any]) -> str:
     return "xla" if r.get("launch") is None else Launch(**r["launch"]).label()
 
 
+def _ms3(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _marked(r: dict[str, Any], now: dict[str, Any]) -> str:
+    """A Pallas row's launch and whether it is the default: the one the file timed the others
+    against (``default`` in the row) and the one ``kernels.launch.DEFAULTS`` holds now."""
+    then = bool(r.get("default"))
+    is_now = r.get("launch") == now.get(r["kernel"])
+    mark = {(True, True): " (default)", (True, False): " (default when measured)",
+            (False, True): " (default now)"}.get((then, is_now), "")  # fmt: skip
+    return _launch(r) + mark
+
+
 @renderer("gpu_check.glue_kernels")
 def glue_kernels(raw: Raw) -> str:
     """Per glue kernel and rows: XLA's oracle, the default launch and the fastest candidate,
     with the bytes a pass must move per second and their share of the card's HBM; then every
-    candidate's time over the default's."""
+    candidate's time over the default's, the default then and now marked; then what
+    ``glue_launch``'s rule picks from the file."""
+    import dataclasses
+
+    from linear_gpt2.kernels.launch import DEFAULTS
+    from studies.gpu_check import glue_launch
+
+    now = {k: dataclasses.asdict(v) for k, v in DEFAULTS.items()}
     rows = raw.data["rows"]
     keys = list(dict.fromkeys((r["kernel"], r["rows"]) for r in rows))
     body, every = [], []
@@ -122,21 +143,38 @@ def glue_kernels(raw: Raw) -> str:
                  if best and default and default.get("status") == "ok" else "")  # fmt: skip
         body.append([f"`{kernel}`", f"{n:,}", *cell(xla), *cell(default),
                      "—" if best is None else _launch(best), *cell(best)[:1], ratio])  # fmt: skip
-        every += [[f"`{kernel}`", f"{n:,}", _launch(r) + (" (default)" if r.get("default") else ""),
-                   *cell(r)[:1], "" if r.get("to_default") is None else f"{r['to_default']:.3f}"]
+        every += [[f"`{kernel}`", f"{n:,}", _marked(r, now), *cell(r)[:1],
+                   "" if r.get("to_default") is None else f"{r['to_default']:.3f}"]
                   for r in group if r["impl"] == "pallas"]  # fmt: skip
+    picks = glue_launch.picks(raw.data)
+    chosen = []
+    for kernel, p in picks.items():
+        mean = "" if p.geomean is None else f"{p.geomean:.3f}"
+        verdict = "adopted" if p.adopted else "kept the default" if p.best else "none faster"
+        chosen.append([f"`{kernel}`", _launch({"launch": p.measured}),
+                       "—" if p.best is None else _launch({"launch": p.best}), mean, verdict,
+                       _launch({"launch": now[kernel]}) if kernel in now else "—"])  # fmt: skip
     s = raw.data["meta"].get("settings", {})
     return "\n".join([
         _about(raw.data) + f" Widths {s.get('widths')}; medians of {s.get('rounds')} rounds of "
         f"{s.get('iters')} calls, the programs side by side. ms: net of the copy of an input a "
         "kernel writes over (a jitted call may not overwrite its argument; the step's may). "
         "GB/s: the bytes one pass must move (inputs read once, outputs written once) per "
-        "second; of HBM: over the card's datasheet bandwidth.", "",
+        "second; of HBM: over the card's datasheet bandwidth. default: the launch the others "
+        "were timed against (the kernels' default when measured).", "",
         table(["kernel", "rows", "xla ms", "xla GB/s", "xla of HBM", "default ms",
                "default GB/s", "default of HBM", "fastest launch", "its ms",
                "fastest / default"], body, "lrrrrrrrlrr"),
-        "", "Every launch against the default:", "",
-        table(["kernel", "rows", "launch", "ms", "/ default"], every, "lrlrr"),
+        "", "Every launch against the default (default now: `kernels/launch.py`'s `DEFAULTS`):",
+        "", table(["kernel", "rows", "launch", "ms", "/ default"], every, "lrlrr"),
+        "", "The default each kernel gets from this file (`studies/gpu_check/glue_launch.py`): "
+        "of the launches faster than the default at every row count, the one with the smallest "
+        "geometric mean of its time over the default's, adopted if that mean is at most "
+        f"{glue_launch.THRESHOLD}. The file's noise of that ratio (per candidate and row count, "
+        "the half-range of its per-round ratios; their median): "
+        f"{_ms3(glue_launch.ratio_noise(raw.data))}.", "",
+        table(["kernel", "default when measured", "best of those faster at every row count",
+               "geometric mean", "rule", "default now"], chosen, "lllrll"),
     ])  # fmt: skip
 
 
