@@ -98,8 +98,9 @@ class ArchConfig:
     # pallas_fused (asked for by name only; auto never picks it): the head's matmuls and the
     # loss as one Pallas kernel pair (kernels/head_loss/) that never writes the [N, V] logits,
     # loss_chunk ignored; the logits computed twice, dx and dW summed by float32 atomics (not
-    # bit-reproducible run to run), the gradient of the logits rounded to model.dtype before
-    # the backward's matmuls.
+    # bit-reproducible run to run). Every kernel, and the plain head, rounds the gradient of
+    # the logits to model.dtype before the head's backward matmuls, as torch autocast does
+    # (model/loss.py, "Precision").
     loss_kernel: str = field(default="auto", metadata=RESUME_MAY_CHANGE)
     # The bias adds of c_attn (with the split into heads) and of the MLP's c_proj (with the
     # residual add) with their gradients, sums over tokens, fused into the pass that writes the

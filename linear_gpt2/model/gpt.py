@@ -21,7 +21,8 @@ policy per block (:func:`remat_policy`) and a loss fused with the head by chunks
 (``loss_chunk``, :mod:`linear_gpt2.model.loss`). Neither changes the function or its gradients.
 
 Mixed precision follows torch autocast: parameters, the residual stream, LayerNorm, softmax and the
-loss are float32; the matmuls run in ``config.dtype``. ``residual_dtype: bfloat16`` carries the
+loss are float32; the matmuls run in ``config.dtype``, the tied head's backward ones on the logits'
+gradient rounded to it (:func:`linear_gpt2.model.loss.head_logits`). ``residual_dtype: bfloat16`` carries the
 residual stream (and the block inputs remat keeps) in bfloat16 instead.
 
 Options beyond GPT-2, all off by default (the synthetic-task models of Zoology and ReBased):
@@ -64,7 +65,7 @@ from linear_gpt2.model.layers import (
     qkv_heads,
     retnet_gammas,
 )
-from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy
+from linear_gpt2.model.loss import IGNORE_INDEX, cross_entropy, head_cross_entropy, head_logits
 from linear_gpt2.model.loss import counted as counted_after
 from linear_gpt2.model.tokenizer import EOT
 
@@ -411,14 +412,9 @@ class GPT(nn.Module):
             return head_cross_entropy(
                 x, wte.embedding, targets, chunk=chunk, dtype=cfg.dtype, kernel=loss_kernel
             )
-        # Tied head: logits = x @ wte^T, in the compute dtype, then float32 for the loss.
-        logits = jnp.einsum(
-            "btc,vc->btv",
-            x.astype(cfg.dtype),
-            wte.embedding.astype(cfg.dtype),
-            preferred_element_type=jnp.float32,
-        )
-        logits = logits.astype(jnp.float32)
+        # Tied head: logits = x @ wte^T in the compute dtype, float32 for the loss; the backward
+        # rounds the logits' gradient to the compute dtype first (loss.head_logits).
+        logits = head_logits(x, wte.embedding, cfg.dtype)
         if targets is not None:
             return cross_entropy(logits, targets)
         if cache is None:

@@ -25,12 +25,19 @@ vocabulary tiles and whose backward recomputes each block of logits from it, so 
 logits nor their gradient is ever written, and nothing of size ``[N, V]`` or ``[chunk, V]`` is
 allocated; the mean over counted targets is taken here.
 
-Precision: the same operations as autodiff of the plain head, chunk by chunk. The forward
-matmul takes operands in ``dtype`` (bfloat16 in training) and accumulates in float32; logits,
-log-sum-exp, softmax and the gradient of the logits are float32; the backward matmuls take that
-float32 gradient against the ``dtype`` operand and round their results to ``dtype`` (``dx`` per
-chunk, ``dW`` once, after summing the chunks in float32). The result equals the plain loss and
-its gradients up to summation order: <= 1e-6 relative in float32 (tested).
+Precision: as nanoGPT under torch autocast, where the head's output is bfloat16 and the
+gradient reaching its backward is bfloat16 too. The forward matmul takes operands in ``dtype``
+(bfloat16 in training) and accumulates in float32; logits, log-sum-exp, softmax, the loss and the
+gradient of the logits are formed in float32 (the logits kept in float32, where autocast rounds
+them to bfloat16 before F.cross_entropy upcasts them). The gradient of the logits is then rounded
+to ``dtype`` before the backward's two matmuls (``dx = dlogits @ W``, ``dW = dlogits^T @ x``),
+which accumulate in float32 and round their results to ``dtype`` (``dx`` per chunk, ``dW``
+once, after summing the chunks in float32). Without the rounding the float32 gradient met the
+bfloat16 operand and both GEMMs ran in float32 (TF32 on the H100/H200, half the bfloat16 rate;
+LT_chunked's two largest ops in the 124M step at 64k tokens traced on an H200:
+``benchmarks/results/profile_h200_measured.json``). The plain head takes the same backward
+(:func:`head_logits`), so the two agree up to summation order in either dtype: <= 1e-6
+relative in float32, where nothing is rounded (tested).
 """
 
 from __future__ import annotations
@@ -79,6 +86,48 @@ def counted(valid: jax.Array, after: jax.Array) -> jax.Array:
     return jnp.sum(valid.astype(F32) + zero)
 
 
+def head_logits(x: jax.Array, w: jax.Array, dtype="float32") -> jax.Array:
+    """The tied head's logits ``x @ w^T``: x ``[..., C]``, w ``[V, C]`` -> ``[..., V]`` float32,
+    the operands in ``dtype`` and the products accumulated in float32.
+
+    Its gradient is autodiff's except that the logits' cotangent is rounded to ``dtype`` before
+    the two backward matmuls (as under torch autocast, where the head's output and so its
+    gradient are bfloat16); they accumulate in float32 and round their results to ``dtype``,
+    as autodiff does, and the cotangents come back in x's and w's dtypes. In float32 it is the
+    plain einsum (nothing to round)."""
+    dt = jnp.dtype(dtype)
+    if dt == F32:
+        return _logits(x, w, dt)
+    return _head_logits(x, w, dt.name, jnp.dtype(x.dtype).name, jnp.dtype(w.dtype).name)
+
+
+def _logits(x, w, dt):
+    return jnp.einsum("...c,vc->...v", x.astype(dt), w.astype(dt), preferred_element_type=F32)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _head_logits(x, w, dtype: str, x_dtype: str, w_dtype: str):
+    return _logits(x, w, jnp.dtype(dtype))
+
+
+def _logits_fwd(x, w, dtype, x_dtype, w_dtype):
+    dt = jnp.dtype(dtype)
+    xc, wc = x.astype(dt), w.astype(dt)
+    return _logits(xc, wc, dt), (xc, wc)
+
+
+def _logits_bwd(dtype, x_dtype, w_dtype, residuals, g):
+    xc, wc = residuals  # [..., C], [V, C] in dtype
+    g = g.astype(dtype)  # [..., V]
+    dx = jnp.einsum("...v,vc->...c", g, wc, preferred_element_type=F32).astype(dtype)
+    lead = tuple(range(g.ndim - 1))  # the tokens' axes, summed over
+    dw = jnp.tensordot(g, xc, (lead, lead), preferred_element_type=F32).astype(dtype)
+    return dx.astype(x_dtype), dw.astype(w_dtype)
+
+
+_head_logits.defvjp(_logits_fwd, _logits_bwd)
+
+
 def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
     """``[N, C]``, ``[N]`` -> ``[N/chunk, chunk, C]``, ``[N/chunk, chunk]``; N padded with zero
     rows whose targets are ignored (they add nothing to the loss or to any gradient)."""
@@ -115,8 +164,10 @@ def _forward_and_partials(x, w, targets, chunk: int, dtype, kernel: str = "xla")
         xc_c = xc.astype(dt)
         logits = jnp.dot(xc_c, w_c.T, preferred_element_type=F32)  # [chunk, V]
         nll, dlogits = nll_and_grad(logits, tc, count)
-        # As autodiff of the plain head: float32 cotangent against the dtype operand, float32
-        # result rounded to dtype (dx here, dw once at the end).
+        # As the plain head's backward (head_logits): the gradient of the logits rounded to
+        # dtype, so both matmuls take dtype operands (float32 against bfloat16 ran as a float32
+        # GEMM), float32 results rounded to dtype (dx here, dw once at the end).
+        dlogits = dlogits.astype(dt)
         dxc = jnp.dot(dlogits, w_c, preferred_element_type=F32).astype(dt)  # [chunk, C]
         dw = dw + jnp.dot(dlogits.T, xc_c, preferred_element_type=F32)  # [V, C]
         return (loss_sum + nll.sum(), dw), dxc
@@ -162,13 +213,13 @@ def head_cross_entropy(
 
     x ``[..., C]`` hidden states (after the final LayerNorm; float32, or the compute dtype), w
     ``[V, C]`` float32 (the tied embedding), targets int ``[...]``; the matmuls run in ``dtype``.
-    Equals ``cross_entropy(einsum(x, w) in dtype -> float32, targets)``. ``kernel``: each
-    chunk's losses and gradient by XLA's operations (``xla``) or one Pallas kernel
-    (``pallas``, ``kernels/cross_entropy/``; then under a mesh of several devices each device
-    walks its own rows, as under context parallelism); or ``pallas_fused``: no chunks, the head
-    and the loss as one kernel pair that never writes the logits (``kernels/head_loss/``;
-    ``chunk`` unused), the gradient of the logits rounded to ``dtype`` before the backward's
-    matmuls (in float32 no rounding).
+    Equals ``cross_entropy(head_logits(x, w, dtype), targets)``, gradients included: the
+    gradient of the logits is rounded to ``dtype`` before the backward's matmuls (in float32
+    no rounding), whichever the kernel. ``kernel``: each chunk's losses and gradient by XLA's
+    operations (``xla``) or one Pallas kernel (``pallas``, ``kernels/cross_entropy/``; then
+    under a mesh of several devices each device walks its own rows, as under context
+    parallelism); or ``pallas_fused``: no chunks, the head and the loss as one kernel pair that
+    never writes the logits (``kernels/head_loss/``; ``chunk`` unused).
     """
     if chunk < 1:
         raise ValueError(f"loss chunk must be >= 1 token, got {chunk}")
