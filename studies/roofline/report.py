@@ -376,7 +376,7 @@ def parallel_totals(model: Raw, *, D: str = "64", T: str = "4096,16384,131072,52
         f"at D = {D}, c = {s['c']}, with the L2 at {s['l2_tb_per_s']:.1f} TB/s (assumed), the old "
         f"kernels are bounded at {old}; the tiled ones with the atomic backward at {new} us "
         f"({min(ratios):.2f}x to {max(ratios):.2f}x lower), with the two-kernel backward at "
-        f"{dq} us (the model's price of its sixth dot per tile pair). Without the L2 term the "
+        f"{dq} us (a sixth dot per tile pair, no atomic adds). Without the L2 term the "
         f"ratios are {min(plain):.2f}x to {max(plain):.2f}x"
         + (
             "; the old kernels' total would be the lower only with an L2 bandwidth above "
