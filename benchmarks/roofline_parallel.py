@@ -2,14 +2,17 @@
 
 The old flash-style kernels (``blocked``: one query block per program, shortest first, a
 two-loop backward) against the tiled ones (``tiled``: resident 128-row blocks, longest first,
-one backward kernel with atomic dq), at B=1, H=12, D=64 and 128, T = 1k ... 512k, block size 64,
+one backward kernel with atomic dq; ``tiled_dq``: the same forward with FlashAttention 2's two
+backward kernels, no atomics), at B=1, H=12, D=64 and 128, T = 1k ... 512k, block size 64,
 forward + backward in bfloat16, from ``linear_gpt2.kernels.lt_attention_parallel.cost``: the
 bound with the loop steps' operand traffic from L2 (at an assumed L2 bandwidth) and without it,
-the programs, the design ``kernel=pallas`` picks, and per length the L2 bandwidth above which
-the old bound would be the lower; registers, shared memory, spills and program counts compiled
-for the H100 at T = 16k (deviceless), both designs, with and without resets and gates; and the
-alternatives the tiled design was chosen over (resident block size, launch order, dq by atomics
-or by a second kernel, key segments / split-K), priced by the same model.
+the programs, the design ``kernel=pallas`` picks (``cost.choose``: the model's, a tiled one run
+with the two-kernel backward, which an H200 measured faster), and per length the L2 bandwidth
+above which the old bound would be below the atomic tiled one's; registers, shared
+memory, spills and program counts compiled for the H100 at T = 16k (deviceless), every design,
+with and without resets and gates; and the alternatives of the tiled design (resident block
+size, launch order, dq by atomics or by a second kernel, key segments / split-K), priced by the
+same model.
 
 Run through ``benchmarks/roofline.py`` (``--op LT_attention_parallel``), which starts the
 ptxas log before JAX; writes ``kernel_roofline_parallel_h100_model.{json,csv,md}``.
@@ -32,17 +35,21 @@ B, H, S = 1, 12, 2  # bfloat16
 PAR_DS = (64, 128)
 PAR_C = 64
 PAR_COMPILE_T = 16384
-PAR_DESIGNS = ("blocked", "tiled")
-PAR_KERNELS = {"blocked": pcost.BLOCKED, "tiled": pcost.TILED}
+PAR_DESIGNS = ("blocked", "tiled", "tiled_dq")
+PAR_KERNELS = {"blocked": pcost.BLOCKED, "tiled": pcost.TILED, "tiled_dq": pcost.TILED_DQ}
 
 
 def parallel_kernels_of(design: str, T: int, D: int, c: int = PAR_C, l2=pcost.L2_BYTES, **kw):
-    """The design's launches at B, T, H, D (the tiled one at its best tiling, T padded to its
+    """The design's launches at B, T, H, D (a tiled one at its best tiling, T padded to its
     resident blocks), and that tiling (None for the old kernels)."""
     if design == "blocked":
         return pcost.blocked_kernels(B, T, H, D, S, pcost.blocked_tile(c, D), True, l2), None
+    if design == "tiled_dq":
+        tilings, kw = pplan.dq_candidates(c, D), {**kw, "dq": "kernel"}
+    else:
+        tilings = pplan.candidates(c, D)
     best = None
-    for t in pplan.candidates(c, D):
+    for t in tilings:
         Tp = pplan.padded_length(T, t)
         ks = pcost.tiled_kernels(B, Tp, H, D, S, t, True, l2, **kw)
         if best is None or pcost.design_seconds(ks) < pcost.design_seconds(best[0]):
@@ -94,10 +101,9 @@ def parallel_rows(Ts, Ds) -> tuple[list[dict], list[dict]]:
     rows, summary = [], []
     for D in Ds:
         for T in Ts:
-            totals, tiling = {}, None
+            totals, tilings = {}, {}
             for design in PAR_DESIGNS:
-                ks, t = parallel_kernels_of(design, T, D)
-                tiling = t or tiling
+                ks, tilings[design] = parallel_kernels_of(design, T, D)
                 for k in ks:
                     rows.append(
                         dict(
@@ -119,7 +125,8 @@ def parallel_rows(Ts, Ds) -> tuple[list[dict], list[dict]]:
                 dict(
                     D=D, T=T, c=PAR_C,
                     **{f"{d}_{k}": v for d in PAR_DESIGNS for k, v in totals[d].items()},
-                    tiles=tiling.describe(),
+                    tiles=tilings["tiled"].describe(),
+                    tiled_dq_tiles=tilings["tiled_dq"].describe(),
                     auto=choice.kernel + (f" {choice.tiles.describe()}" if choice.tiles else ""),
                     crossover_l2_tb_per_s=None if cross is None else cross / 1e12,
                 )
@@ -155,9 +162,10 @@ def parallel_choices(Ts=(4096, 16384, 131072), D=64) -> list[dict]:
                 f"forward SMs busy {fwd.busy:.0%}")  # fmt: skip
         for dq in ("atomic", "kernel"):
             ks = pcost.tiled_kernels(B, T, H, D, S, t, True, dq=dq)
-            note = ("5 dots per tile pair, float32 atomics" if dq == "atomic"
-                    else "6 dots per tile pair, a second kernel (not built)")  # fmt: skip
-            row("dphi(q)", dq, dq == "atomic", ks, note)
+            note = ("5 dots per tile pair, float32 atomics (pallas_tiled)" if dq == "atomic"
+                    else "6 dots per tile pair, a second kernel (pallas_tiled_dq, at these "
+                    "tiles): measured faster on an H200, " + pcost.MEASURED)  # fmt: skip
+            row("dphi(q)", dq, dq == "kernel", ks, note)
         for seg in (1, 2, 4):
             ks = pcost.tiled_kernels(B, T, H, D, S, t, True, segments=seg)
             fwd = next(k for k in ks if k.name == "tiled_fwd")
@@ -216,6 +224,7 @@ def parallel_json(summary, picks, env, resources, compiled: bool, kept: dict | N
                 f"clock (NVIDIA's A100 L2 read bandwidth; none published for the H100) at "
                 f"{pcost.CLOCK_HZ / 1e9:.2f} GHz",
                 "compile_T": PAR_COMPILE_T, "compiled": compiled,
+                "pallas_measured": pcost.MEASURED,
                 **({"resources_from": kept} if kept else {}),
             },
         },

@@ -23,6 +23,8 @@ round the backward's score cotangents to bfloat16 for their dots).
 from __future__ import annotations
 
 import csv
+import itertools
+import json
 import logging
 import re
 import subprocess
@@ -82,6 +84,11 @@ KERNELS = {
         lt_attention_parallel.blocked_linear_attention,
     ),
     "parallel_tiled": (parallel_tiled.attention, lt_attention_parallel.blocked_linear_attention),
+    # the two-kernel backward: what kernel=pallas runs with the tiled forward
+    "parallel_tiled_dq": (
+        parallel_tiled_dq.attention,
+        lt_attention_parallel.blocked_linear_attention,
+    ),
 }
 CHUNKED = ("chunk", "fused_chunk")
 # LT_chunked's kernels take the raw q, k with an elementwise map (phi in XLA inside the op,
@@ -189,11 +196,13 @@ TILED_CASES = [
 ]
 # pallas_tiled_dq: T padded inside (200 -> 256); at c = 64 its key kernel's 128-row blocks
 # stream 32-row query tiles while its dq kernel's 128-row query blocks stream 64-row key tiles
-# (the two kernels' diagonals differ); resident blocks of one tile. Odd T and D, c = 16 capping
+# (the two kernels' diagonals differ); resident blocks of one tile; D = 128 (its key kernel's
+# 128-row blocks, where the atomic kernel's are 64; T 100 -> 128). Odd T and D, c = 16 capping
 # every tile, and bfloat16, with resets and gates: tests/test_kernels_forget.py.
 TILED_DQ_CASES = [
     ((1, 200, 2, 16), 64, "2"),
     ((1, 130, 1, 16), 64, "1"),
+    ((1, 100, 1, 128), 64, "2"),
 ]
 
 
@@ -464,6 +473,7 @@ def test_normaliser_cancels_the_numerator_for_constant_values(kernel):
         ("LT_attention_parallel", 20, 64, "pallas"),  # block capped at 32 >= T
         ("LT_attention_parallel", 37, 16, "pallas_tiled"),  # and to 64 inside it
         ("LT_attention_parallel", 150, 64, "pallas_tiled"),  # 192 -> 256; 64- and 32-row tiles
+        ("LT_attention_parallel", 150, 64, "pallas_tiled_dq"),  # as pallas_tiled, two bwd kernels
         ("LT_attention_parallel", 37, 16, "pallas_blocked"),
     ],
 )
@@ -478,19 +488,23 @@ def test_registry_pallas_matches_float64_reference(name, t, chunk_size, kernel):
         assert rel_err(g, r) <= F32_TOL, label
 
 
-def test_zero_features_and_zero_eps_stay_finite():
-    # relu features all zero and eps = 0: y = 0 and zero gradients, not NaN (as in xla).
-    q = -jnp.ones((1, 32, 1, 16))
-    for name, kernel in (
+@pytest.mark.parametrize(
+    "name, kernel",
+    [
         ("LT_chunked", "pallas_chunk"),
         ("LT_chunked", "pallas_fused_chunk"),
         ("LT_attention_parallel", "pallas_blocked"),
         ("LT_attention_parallel", "pallas_tiled"),
-    ):
-        fn = attention.get(name, kernel=kernel, chunk_size=16, feature_map="relu", eps=0.0)
-        y, grads = value_and_grads(fn, q, q, jnp.ones_like(q), jnp.ones_like(q))
-        assert np.all(np.asarray(y) == 0.0), name
-        assert all(np.all(np.isfinite(np.asarray(g))) for g in grads), name
+        ("LT_attention_parallel", "pallas_tiled_dq"),
+    ],
+)
+def test_zero_features_and_zero_eps_stay_finite(name, kernel):
+    # relu features all zero and eps = 0: y = 0 and zero gradients, not NaN (as in xla).
+    q = -jnp.ones((1, 32, 1, 16))
+    fn = attention.get(name, kernel=kernel, chunk_size=16, feature_map="relu", eps=0.0)
+    y, grads = value_and_grads(fn, q, q, jnp.ones_like(q), jnp.ones_like(q))
+    assert np.all(np.asarray(y) == 0.0), name
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in grads), name
 
 
 def test_decoder_prefill_through_the_kernel():
@@ -602,8 +616,9 @@ def test_parallel_cost_model_choices():
     """LT_attention_parallel's model (issue 30): at batch 1, 12 heads, D = 64 and 128 the tiled
     kernels' modelled forward + backward is below the old kernels' at every T >= 4k (to 64k here;
     to 512k on the roofline page), every one of their kernels launches >= 132 programs from 16k,
-    and kernel=pallas picks them; with the L2 term left out (unbounded L2) they are still below
-    from 8k on."""
+    the two-kernel backward's too (at 16k), and kernel=pallas picks the tiled design, run with the
+    two-kernel backward (the tests below); with the L2 term left out (unbounded L2) the atomic
+    tiled kernels are still below the old ones from 8k on."""
     s = 2
     for D in (64, 128):
         old_tile = parallel_cost.blocked_tile(64, D)
@@ -612,17 +627,23 @@ def test_parallel_cost_model_choices():
             old = choice.seconds[parallel_cost.BLOCKED]
             tiled = min(v for k, v in choice.seconds.items() if k != parallel_cost.BLOCKED)
             assert tiled < old, (D, T, choice.seconds)
-            assert choice.kernel == parallel_cost.TILED and choice.tiles is not None, (D, T)
+            assert choice.kernel == parallel_cost.TILED_DQ, (D, T)
+            assert choice.tiles in parallel_plan.dq_candidates(64, D), (D, T)
             if T < 8192:
                 continue
-            ks = parallel_cost.tiled_kernels(1, T, 12, D, s, choice.tiles, True)
+            atomic = min(  # the atomic kernel's best tiling
+                parallel_plan.candidates(64, D),
+                key=lambda t: choice.seconds[f"pallas_tiled {t.describe()}"],
+            )
+            ks = parallel_cost.tiled_kernels(1, T, 12, D, s, atomic, True)
             ko = parallel_cost.blocked_kernels(1, T, 12, D, s, old_tile, True)
             plain = [parallel_cost.design_seconds(k, plain=True) for k in (ks, ko)]
             assert plain[0] < plain[1], (D, T, plain)
-            if T >= 16384:
-                assert all(k.programs >= plan.SMS for k in ks if not k.name.startswith("xla"))
-    # The two-kernel backward (pallas_tiled_dq) is priced beside them, its dkv and dq launches
-    # filling the SMs from 16k; kernel=pallas does not choose it (above).
+            if T == 16384:
+                kd = parallel_cost.tiled_kernels(1, T, 12, D, s, choice.tiles, True, dq="kernel")
+                for k in (*ks, *kd):
+                    assert k.name.startswith("xla") or k.programs >= plan.SMS, (D, T, k)
+    # The two-kernel backward (pallas_tiled_dq) priced by the model: its dkv and dq launches.
     choice = parallel_cost.choose(1, 16384, 12, 64, 64, s, "pallas_tiled_dq")
     assert choice.kernel == "pallas_tiled_dq" and choice.tiles in parallel_plan.dq_candidates(
         64, 64
@@ -630,13 +651,112 @@ def test_parallel_cost_model_choices():
     ks = parallel_cost.tiled_kernels(1, 16384, 12, 64, s, choice.tiles, True, dq="kernel")
     names = {k.name: k for k in ks}
     assert {"tiled_fwd", "tiled_bwd_dkv", "tiled_bwd_dq"} <= set(names), names
-    assert all(names[n].programs >= plan.SMS for n in ("tiled_bwd_dkv", "tiled_bwd_dq"))
     # The tiled kernels launch every block for all heads before the next, longest first: the
     # SMs stay busy where the old grid (shortest first, heads in turn) leaves a tail.
     t = parallel_plan.largest(64, 64)
     longest = parallel_cost.tiled_kernels(1, 16384, 12, 64, s, t, False)[0]
     in_order = parallel_cost.tiled_kernels(1, 16384, 12, 64, s, t, False, order="in order")[0]
     assert longest.busy > 0.99 and longest.seconds < 0.95 * in_order.seconds
+
+
+def test_parallel_pallas_choice_rests_on_the_measured_sweep():
+    """The timing kernel=pallas's tiled backward cites (``cost.MEASURED``): an H200 ran every
+    design by name side by side, and the two-kernel backward's forward + backward was the lowest
+    at every length, below the atomic one's (the same forward kernel) and the old design's; at
+    the sweep's shape kernel=pallas runs it at each of those lengths (the atomic one before)."""
+    d = json.loads((Path(__file__).resolve().parents[1] / parallel_cost.MEASURED).read_text())
+    st = d["meta"]["settings"]
+    assert d["meta"]["how"] == "measured" and not st["interpret_mode"]
+    B, H, D, Ts = (st["shape"][k] for k in ("B", "H", "D", "T"))
+    rows = {
+        (r["kernel"], r["T"]): r["seconds"]
+        for r in d["rows"]
+        if r["name"] == "LT_attention_parallel" and r["mode"] == "fwd+bwd" and r["status"] == "ok"
+    }
+    for T in Ts:
+        times = {k: rows[(k, T)] for k in ("pallas_tiled_dq", "pallas_tiled", "pallas_blocked")}
+        assert times["pallas_tiled_dq"] == min(times.values()), (T, times)
+        design = parallel_ops.design("pallas", B, T, H, D, st["chunk_size"], st["dtype"])
+        assert design == "pallas_tiled_dq", T
+
+
+# (B, T, H, D, c) -> the design kernel=pallas runs. The sweep's shape (cost.MEASURED), and where
+# nothing was timed: shorter T, other head dims, a batch. The tiled design wherever the model
+# ranks one of its backwards first (at D <= 32 the atomic kernel's 32-row key blocks priced it
+# above the old design, the two-kernel backward's 128-row blocks below), the old design where
+# the model ranks it first (1k at D = 64, c = 64; a test's small shapes, launch-bound).
+PALLAS_RUNS = [
+    ((1, 4096, 12, 64, 64), "pallas_tiled_dq"),
+    ((1, 65536, 12, 64, 64), "pallas_tiled_dq"),
+    ((1, 2048, 12, 64, 64), "pallas_tiled_dq"),
+    ((1, 1024, 12, 128, 64), "pallas_tiled_dq"),
+    ((16, 1024, 12, 64, 64), "pallas_tiled_dq"),
+    ((1, 4096, 12, 16, 64), "pallas_tiled_dq"),
+    ((1, 4096, 12, 32, 64), "pallas_tiled_dq"),
+    ((1, 512, 12, 64, 16), "pallas_tiled_dq"),
+    ((1, 1024, 12, 64, 64), "pallas_blocked"),
+    ((1, 256, 2, 16, 64), "pallas_blocked"),
+]
+
+
+@pytest.mark.parametrize("shape, expected", PALLAS_RUNS, ids=str)
+def test_parallel_pallas_runs_the_two_kernel_backward(shape, expected):
+    """What kernel=pallas runs at representative shapes: never the atomic backward; the tiled
+    design at the two-kernel backward's own best tiling (what kernel=pallas_tiled_dq runs)."""
+    choice = parallel_ops.choose("pallas", *shape, jnp.bfloat16)
+    assert choice.kernel == expected, choice.reason
+    if expected == "pallas_tiled_dq":
+        assert choice.tiles == parallel_ops.choose("pallas_tiled_dq", *shape, "bfloat16").tiles
+
+
+def test_parallel_pallas_swaps_the_atomic_backward_wherever_the_model_ranked_it():
+    """Over a grid of shapes: wherever the model ranks a tiled design first (the atomic one
+    included, which kernel=pallas ran there before), kernel=pallas runs the two-kernel backward;
+    the old design only where the model ranks it below both tiled ones."""
+    for B, H, D, c, T in itertools.product((1, 4), (12,), (16, 32, 64, 128), (16, 64), (512, 2048)):
+        choice = parallel_cost.choose(B, T, H, D, c, 2)
+        tiled = min(v for k, v in choice.seconds.items() if k != parallel_cost.BLOCKED)
+        first = "pallas_blocked" if choice.seconds["pallas_blocked"] < tiled else "pallas_tiled_dq"
+        assert choice.kernel == first, (B, T, H, D, c, choice.reason)
+
+
+def test_parallel_auto_on_a_gpu_runs_the_two_kernel_backward(monkeypatch):
+    """kernel=auto is pallas on a GPU (the program's target): at the sweep's shape the tiled
+    forward with the two-kernel backward, at 1k the old design (the model's)."""
+    monkeypatch.setattr(kernels, "on_gpu", lambda: True)
+    spec = attention.spec("LT_attention_parallel")
+    opts = spec.options(chunk_size=64)
+    assert spec.kernel_design((1, 16384, 12, 64), "bfloat16", opts) == "pallas_tiled_dq"
+    assert spec.kernel_design((1, 1024, 12, 64), "bfloat16", opts) == "pallas_blocked"
+
+
+@pytest.mark.parametrize(
+    "forget, wider", [(False, False), (True, False), (True, True)], ids=["plain", "forget", "wider"]
+)
+def test_parallel_pallas_program_has_the_two_backward_kernels(forget, wider):
+    """The program of kernel=pallas's value and gradients (traced, not run) at 4k, B = 1,
+    H = 12, D = 64: the tiled forward and the two backward kernels, not the atomic one; with
+    resets and gates, and with keys wider than the values (taylor2 of 16 dimensions: 153
+    features, three blocks of 64 folded into the heads: ``ops._split_attention``)."""
+    B, T, H, D = 1, 4096, 12, 64
+    options = dict(kernel="pallas", chunk_size=64)
+    if wider:
+        options.update(feature_map="taylor2")
+    fn = attention.get("LT_attention_parallel", **options)
+    qk = jax.ShapeDtypeStruct((B, T, H, 16 if wider else D), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((B, T, H, D), jnp.bfloat16)
+    gates = (jax.ShapeDtypeStruct((B, T), jnp.bool_), jax.ShapeDtypeStruct((B, T, H), jnp.float32))
+
+    def grads(q, k, v, *g):
+        def call(q, k, v):
+            return fn(q, k, v, resets=g[0], log_gate=g[1]) if g else fn(q, k, v)
+
+        y, vjp = jax.vjp(call, q, k, v)
+        return vjp(y)
+
+    jaxpr = str(jax.make_jaxpr(grads)(qk, qk, v, *(gates if forget else ())))
+    names = set(re.findall(r"lt_attention_parallel_\w+", jaxpr))
+    assert names == {f"lt_attention_parallel_tiled_{k}" for k in ("fwd", "dkv", "dq")}, names
 
 
 def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
@@ -648,7 +768,7 @@ def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
     ):
         for _ in range(2):
             assert parallel_ops.design("pallas", 1, 16384, 12, 64, 64, jnp.bfloat16) == (
-                "pallas_tiled"
+                "pallas_tiled_dq"
             )
         assert parallel_ops.design("pallas_blocked", 1, 16384, 12, 64, 64, "bfloat16") == (
             "pallas_blocked"
@@ -657,11 +777,12 @@ def test_parallel_pallas_chooses_by_shape_and_logs_once(caplog):
             "pallas_tiled_dq"
         )
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "T=16384" in lines[0] and "pallas_tiled bq=128" in lines[0], lines
+    assert len(lines) == 1 and "T=16384" in lines[0], lines
+    assert ": pallas_tiled_dq bq=128" in lines[0] and parallel_cost.MEASURED in lines[0], lines
     assert printed == lines
     spec = attention.spec("LT_attention_parallel")
     assert spec.kernel_design((1, 16384, 12, 64), "bfloat16", spec.options(kernel="pallas")) == (
-        "pallas_tiled"
+        "pallas_tiled_dq"
     )
     assert spec.kernel_design((1, 1024, 12, 64), "bfloat16", spec.options()) == "xla"
 

@@ -384,14 +384,17 @@ def _check_parallel(shape, c, resets_at, decay, feature_map, dtype, kernel) -> s
     return jaxpr
 
 
-# pallas_tiled_dq: PARALLEL_CASES' c = 64 case, and its first case in bfloat16 at B = H = 1.
+# pallas_tiled_dq (what kernel=pallas runs with the tiled forward): PARALLEL_CASES' c = 64 case,
+# its D = 128 case (the key kernel's 128-row blocks, where the atomic kernel's are 64), and its
+# first case in bfloat16 at B = H = 1.
 TILED_DQ_CASES = [
     PARALLEL_CASES[5],
+    PARALLEL_CASES[6],
     ((1, 61, 1, 24), 16, (16, 31, 35, 38, 40), "gate", "softplus", "bfloat16"),
 ]
 
 
-@pytest.mark.parametrize("case", TILED_DQ_CASES, ids=["c64", "bf16-odd"])
+@pytest.mark.parametrize("case", TILED_DQ_CASES, ids=["c64", "d128", "bf16-odd"])
 def test_parallel_tiled_dq_backward_equals_the_float64_recurrence(case):
     """``pallas_tiled_dq`` (the tiled forward, dphi(k), dv and dphi(q) in two kernels without
     atomics) with resets and gates, against the recurrence: values and gradients with respect to
@@ -405,7 +408,7 @@ def test_parallel_tiled_dq_backward_equals_the_float64_recurrence(case):
     assert "atomic" not in jaxpr
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas_tiled", "pallas_blocked"])
+@pytest.mark.parametrize("kernel", ["xla", "pallas_tiled", "pallas_tiled_dq", "pallas_blocked"])
 def test_parallel_forms_keep_precision_after_a_long_strong_decay(kernel):
     """A row whose first 96 positions decay by log gamma = -1e4 each (|L| reaches ~1e6, as
     gamma = 0.3 does over a million tokens), then gamma = e^-0.05: a float32 L cumulated over the
@@ -457,3 +460,15 @@ def test_gpu_chunk_kernels_with_forgetting_equal_the_float64_recurrence(D, decay
     for label, g, r64 in zip(("dq", "dk", "dv", "dlog_gate"), vjp(cast[3]), ref_grads):
         err = rel_err(jnp.asarray(g, jnp.float32), r64)
         assert err <= tol[1], (label, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_parallel_tiled_dq_with_forgetting_equals_the_float64_recurrence(D, dtype):
+    """The Triton lowering of ``pallas_tiled_dq`` (what kernel=pallas runs with the tiled
+    forward) with resets and gates: T padded 250 -> 256, resets at both kinds of block
+    boundary, against the float64 recurrence."""
+    case = ((2, 250, 3, D), 64, (0, 31, 32, 63, 64, 130, 249), "gate", "softplus", dtype)
+    jaxpr = _check_parallel(*case, "pallas_tiled_dq")
+    assert "lt_attention_parallel_tiled_dkv" in jaxpr and "lt_attention_parallel_tiled_dq" in jaxpr

@@ -274,6 +274,13 @@ def test_measured_points_are_the_37_and_the_memory_check():
     one = next(p for p in fitted if p.key == "LT_chunked:124M:65536")
     names = set(step_costs.pallas_costs(one))
     assert {"lt_chunked_fwd_h", "lt_chunked_fwd_o", "lt_chunked_bwd_dh"} <= names
+    # LT_attention_parallel's: the single pass it was measured with, and the tiled kernels
+    # kernel=pallas launches now (the tiled forward, the two-kernel backward), priced by FLOPs.
+    one = next(p for p in fitted if p.key == "LT_attention_parallel:124M:16384")
+    costs = step_costs.pallas_costs(one)
+    now = {f"lt_attention_parallel_{k}" for k in ("tiled_fwd", "tiled_dkv", "tiled_dq")}
+    assert {"lt_attention_parallel_forward", "lt_attention_parallel_backward"} | now <= set(costs)
+    assert all(costs[k].flops > 0 and costs[k].programs >= 132 for k in now)
 
 
 def test_the_committed_model_meets_the_error_goal_and_reruns_from_its_cache(tmp_path):

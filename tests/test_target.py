@@ -26,7 +26,7 @@ from linear_gpt2.model.config import ModelConfig
 from linear_gpt2.platform import device, target
 from linear_gpt2.platform.memory import GiB
 from studies.common.fmt import gib
-from tests.helpers import SLOW
+from tests.helpers import SLOW, slow
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = target.get("h100")
@@ -196,16 +196,20 @@ def _names(report, prefix: str) -> set[str]:
     return {re.sub(r"__\d+$", "", k.name).removeprefix(prefix) for k in report.kernels}
 
 
-# LT_attention_parallel: the kernels of each design (named by kernel=).
+# LT_attention_parallel: the kernels of each design (named by kernel=; pallas_tiled_dq is what
+# kernel=pallas runs with the tiled forward).
 PARALLEL_KERNELS = {
     "pallas_tiled": {"tiled_fwd", "tiled_bwd"},
+    "pallas_tiled_dq": {"tiled_fwd", "tiled_dkv", "tiled_dq"},
     "pallas_blocked": {"forward", "backward"},
 }
+# The designs as the compile tests take them: the atomic backward, run only when named, slow.
+PARALLEL_DESIGNS = [slow("pallas_tiled"), "pallas_tiled_dq", "pallas_blocked"]
 
 
 @pytest.mark.parametrize("c", [64, 128])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("kernel", ["pallas_chunk", "pallas_fused_chunk", *PARALLEL_KERNELS])
+@pytest.mark.parametrize("kernel", ["pallas_chunk", "pallas_fused_chunk", *PARALLEL_DESIGNS])
 def test_every_pallas_kernel_compiles_without_spills(kernel, D, c):
     if kernel in PARALLEL_KERNELS:
         name, options, prefix = (
@@ -266,7 +270,7 @@ def test_kernels_with_wider_keys_compile_without_spills(name, kernel, expected):
 
 @pytest.mark.parametrize("c", [64, 128])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("kernel", list(PARALLEL_KERNELS))
+@pytest.mark.parametrize("kernel", PARALLEL_DESIGNS)
 def test_parallel_kernels_with_resets_and_gates_compile_without_spills(kernel, D, c):
     """``LT_attention_parallel`` with resets and decay gates, each design: its own kernel pair
     (the pair weights built per tile, d(log_gate) from the backward), no XLA fallback, without
@@ -304,35 +308,37 @@ def test_parallel_two_kernel_backward_compiles_without_spills(D, forget):
 
 
 @SLOW
+@pytest.mark.parametrize("kernel", ["pallas_tiled", "pallas_tiled_dq"])
 @pytest.mark.parametrize("forget", [False, True], ids=["plain", "forget"])
 @pytest.mark.parametrize(
     "D, c", [(16, 16), (16, 64), (32, 32), (32, 64), (64, 16), (64, 32), (128, 32)]
 )
-def test_parallel_tiled_kernels_at_every_tiling_compile_without_spills(D, c, forget):
-    """The tiled kernels at both tilings (``plan.candidates``) of small head dims and of tiles
-    capped by a small block size, with and without resets and gates: within the registers too
-    (at D <= 32 the backward's resident key block is 32 rows: 64 spilled)."""
+def test_parallel_tiled_kernels_at_every_tiling_compile_without_spills(D, c, forget, kernel):
+    """Both tiled designs at both of their tilings (``plan.candidates``, ``plan.dq_candidates``)
+    of small head dims and of tiles capped by a small block size, with and without resets and
+    gates: within the registers too (at D <= 32 the atomic backward's resident key block is 32
+    rows: 64 spilled; the two-kernel backward's is 128, what kernel=pallas runs there)."""
     from linear_gpt2.kernels.lt_attention_parallel import plan
 
-    for tiles in plan.candidates(c, D):
-        with _tiles(tiles):
+    tilings = plan.dq_candidates if kernel == "pallas_tiled_dq" else plan.candidates
+    for tiles in tilings(c, D):
+        with _tiles(tiles, kernel):
             r = compile_step.compile_attention(
                 "LT_attention_parallel", (1, 1024, 12, D), "bfloat16", "h100",
-                fail_on_spill=True, chunk_size=c, kernel="pallas_tiled", resets=forget,
-                log_gate=forget,
+                fail_on_spill=True, chunk_size=c, kernel=kernel, resets=forget, log_gate=forget,
             )  # fmt: skip
-        assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS["pallas_tiled"], tiles
+        assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS[kernel], tiles
         assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
-def _tiles(tiles):
-    """Force the tiled kernels' tiling (the cost model's choice otherwise)."""
+def _tiles(tiles, kernel: str = "pallas_tiled"):
+    """Force a tiled design's tiling (the cost model's choice otherwise)."""
     from unittest import mock
 
     from linear_gpt2.kernels.lt_attention_parallel import cost, ops
 
-    def choose(kernel, B, T, H, D, c, itemsize):
-        return cost.Choice(cost.TILED, tiles, "forced by the test", {})
+    def choose(kernel_, B, T, H, D, c, itemsize):
+        return cost.Choice(kernel, tiles, "forced by the test", {})
 
     return mock.patch.object(ops, "_choose", choose)
 
@@ -341,8 +347,9 @@ def _tiles(tiles):
 @pytest.mark.parametrize("D, H", [(64, 12), (128, 16)])
 def test_parallel_tiled_kernels_fill_the_h100_at_batch_1(D, H, T):
     """Issue 30: B = 1 from T = 16k, D = 64 with 12 heads (the post's timing setting) and
-    D = 128 with 16: ``LT_attention_parallel`` ``kernel=pallas`` picks the tiled kernels, both
-    launch >= 132 programs (one per resident block and head), compiled without spills."""
+    D = 128 with 16: ``LT_attention_parallel`` ``kernel=pallas`` picks the tiled forward with the
+    two-kernel backward (``pallas_tiled_dq``), every kernel launches >= 132 programs (one per
+    resident block and head), compiled without spills."""
     from linear_gpt2.kernels.lt_attention_parallel import plan
 
     r = compile_step.compile_attention(
@@ -350,11 +357,27 @@ def test_parallel_tiled_kernels_fill_the_h100_at_batch_1(D, H, T):
         chunk_size=64, kernel="pallas",
     )  # fmt: skip
     programs = {re.sub(r"__\d+$", "", k.name): k.programs for k in r.kernels}
-    assert set(programs) == {f"lt_attention_parallel_{k}" for k in PARALLEL_KERNELS["pallas_tiled"]}
+    expected = PARALLEL_KERNELS["pallas_tiled_dq"]
+    assert set(programs) == {f"lt_attention_parallel_{k}" for k in expected}
     assert min(programs.values()) >= H100.device["core_count"], programs
-    t = plan.largest(64, D)
+    t = plan.dq_largest(64, D)
     assert programs["lt_attention_parallel_tiled_fwd"] == T // t.bq * H
-    assert programs["lt_attention_parallel_tiled_bwd"] == T // t.bk * H
+    assert programs["lt_attention_parallel_tiled_dkv"] == T // t.bk * H
+    assert programs["lt_attention_parallel_tiled_dq"] == T // t.bq * H
+    assert all(k.shared_memory <= LIMIT for k in r.kernels)
+
+
+@pytest.mark.parametrize("D, forget", [(32, True), slow(16, False)])
+def test_parallel_pallas_at_small_head_dims_compiles_the_two_kernel_backward(D, forget):
+    """At D <= 32 ``kernel=pallas`` ran the old design (the model priced the atomic backward's
+    32-row key blocks above it) and runs the tiled forward with the two-kernel backward now (its
+    128-row key blocks priced below): compiled without spills, within shared memory."""
+    r = compile_step.compile_attention(
+        "LT_attention_parallel", (1, 4096, 12, D), "bfloat16", "h100", fail_on_spill=True,
+        chunk_size=64, kernel="pallas", resets=forget, log_gate=forget,
+    )  # fmt: skip
+    assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS["pallas_tiled_dq"]
+    assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
 @pytest.mark.parametrize("T", [16384, 131072])

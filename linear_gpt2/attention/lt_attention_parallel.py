@@ -6,9 +6,12 @@ query block sums over the key blocks before it with running numerator and denomi
 blocked form in pure JAX with a hand-written backward
 (``linear_gpt2.kernels.lt_attention_parallel.naive``, the oracle); the Pallas kernels
 (``linear_gpt2.kernels.lt_attention_parallel``) are ``pallas_tiled`` (resident 128-row blocks,
-longest first, one backward kernel), ``pallas_blocked`` (the first design) and ``pallas``, which
-chooses between them by shape with the roofline model; with document resets and decay gates
-every form weighs each pair by exp(L_i - L_j) within a document, from block-local log-gate sums.
+longest first, one backward kernel with atomic dq), ``pallas_tiled_dq`` (its forward with
+FlashAttention 2's two backward kernels), ``pallas_blocked`` (the first design) and ``pallas``,
+which chooses by shape between ``pallas_tiled_dq`` and ``pallas_blocked`` with the roofline
+model (the atomic backward measured slower: ``kernels.lt_attention_parallel.cost``); with
+document resets and decay gates every form weighs each pair by exp(L_i - L_j) within a
+document, from block-local log-gate sums.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ c: FLOPs, bytes, programs, steps, bound).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from studies.common.core import Raw, renderer
@@ -220,6 +221,11 @@ def _l2(x: float | None) -> str:
     return "any" if x is None else f"{x:.1f} TB/s"
 
 
+def _measured(s: dict[str, Any]) -> str:
+    """The timing ``kernel=pallas``'s tiled backward rests on, as the model file records it."""
+    return f"`{Path(s['pallas_measured']).name}`"
+
+
 @renderer("roofline.parallel_page")
 def parallel_page(model: Raw, kernels: Raw) -> str:
     d, rows = model.data, kernels.data
@@ -251,9 +257,15 @@ def parallel_page(model: Raw, kernels: Raw) -> str:
         f"{prov['jax']}, commit {short(prov['commit'])}. `blocked`: the old kernels (one query "
         "block per program, launched shortest first; a backward kernel of two loops); `tiled`: "
         "the new ones (resident blocks, longest first; one backward kernel, dphi(q) by atomic "
-        "adds), at the tiling `kernel=pallas` picks. 'L2 crossover': the L2 bandwidth above "
-        "which the old total would be the lower ('any': the tiled total is lower even with "
-        "unbounded L2).",
+        "adds, `pallas_tiled`), at their best tiling; `tiled_dq`: the same forward with "
+        "FlashAttention 2's two backward kernels, no atomics (`pallas_tiled_dq`), at theirs. "
+        "'auto': what `kernel=pallas` runs, the design the model ranks first, a tiled one with "
+        "the two-kernel backward: an H200 timed it faster than the atomic one at every length "
+        f"it ran ({_measured(s)}), where this model ranks the atomic one first (it prices "
+        "neither the atomics' memory barriers nor the `mma.sync` path of the atomic kernel's "
+        "32-row query tiles: `cost.py`). 'L2 crossover': the L2 bandwidth above which the old "
+        "total would be below the atomic tiled one's ('any': the tiled total is lower even "
+        "with unbounded L2).",
     ]
     # The page leads with its tables; how the model prices follows them.
     lines = [
@@ -268,15 +280,16 @@ def parallel_page(model: Raw, kernels: Raw) -> str:
             f"## Totals (us) at D={D}: old and tiled kernels",
             "",
             table(
-                ["T", "old", "tiled", "old / tiled", "old plain", "tiled plain",
+                ["T", "old", "tiled", "tiled_dq", "old / tiled", "old plain", "tiled plain",
                  "old / tiled plain", "old min programs", "tiled min programs", "tiled tiles",
                  "L2 crossover", "auto"],
                 [[f"{r['T']:,}", _us(r["blocked_us"]), _us(r["tiled_us"]),
-                  f"{r['blocked_us'] / r['tiled_us']:.2f}x", _us(r["blocked_plain_us"]),
-                  _us(r["tiled_plain_us"]), f"{r['blocked_plain_us'] / r['tiled_plain_us']:.2f}x",
+                  _us(r["tiled_dq_us"]), f"{r['blocked_us'] / r['tiled_us']:.2f}x",
+                  _us(r["blocked_plain_us"]), _us(r["tiled_plain_us"]),
+                  f"{r['blocked_plain_us'] / r['tiled_plain_us']:.2f}x",
                   f"{r['blocked_min_programs']:,}", f"{r['tiled_min_programs']:,}", r["tiles"],
                   _l2(r["crossover_l2_tb_per_s"]), r["auto"]] for r in at],
-                "rrrrrrrrrlll",
+                "rrrrrrrrrrlll",
             ),
         ]  # fmt: skip
     lines += about
@@ -351,15 +364,20 @@ def parallel_totals(model: Raw, *, D: str = "64", T: str = "4096,16384,131072,52
     new = ", ".join(f"{rows[t]['tiled_us']:,.0f}" for t in wanted)
     ratios = [rows[t]["blocked_us"] / rows[t]["tiled_us"] for t in wanted]
     plain = [rows[t]["blocked_plain_us"] / rows[t]["tiled_plain_us"] for t in wanted]
-    # The model picks the design it prices lowest (cost.choose): the old kernels where they are.
-    old_picked = [t for t, r in sorted(rows.items()) if r["blocked_us"] < r["tiled_us"]]
+    dq = ", ".join(f"{rows[t]['tiled_dq_us']:,.0f}" for t in wanted)
+    # What kernel=pallas runs (cost.choose, recorded per row): the old kernels where the model
+    # ranks them first, else the tiled design with the backward the model file names.
+    picked = {t: r["auto"].split(" ")[0] for t, r in rows.items()}
+    old_picked = [t for t in sorted(rows) if picked[t] == "pallas_blocked"]
+    tiled = ", ".join(sorted({f"`{k}`" for k in picked.values() if k != "pallas_blocked"}))
     cross = {t: rows[t]["crossover_l2_tb_per_s"] for t in wanted}
     bounded = [f"{c:.0f} TB/s ({_k(t)})" for t, c in cross.items() if c is not None]
     return (
         f"at D = {D}, c = {s['c']}, with the L2 at {s['l2_tb_per_s']:.1f} TB/s (assumed), the old "
-        f"kernels are bounded at {old}; the tiled ones at {new} us ({min(ratios):.2f}x to "
-        f"{max(ratios):.2f}x lower). Without the L2 term the ratios are {min(plain):.2f}x to "
-        f"{max(plain):.2f}x"
+        f"kernels are bounded at {old}; the tiled ones with the atomic backward at {new} us "
+        f"({min(ratios):.2f}x to {max(ratios):.2f}x lower), with the two-kernel backward at "
+        f"{dq} us (a sixth dot per tile pair, no atomic adds). Without the L2 term the "
+        f"ratios are {min(plain):.2f}x to {max(plain):.2f}x"
         + (
             "; the old kernels' total would be the lower only with an L2 bandwidth above "
             + ", ".join(bounded)
@@ -368,8 +386,11 @@ def parallel_totals(model: Raw, *, D: str = "64", T: str = "4096,16384,131072,52
         )
         + (
             f". `kernel=pallas` runs the old kernels at {', '.join(_k(t) for t in old_picked)} "
-            f"of this table (D = {D}), the tiled ones at every other length."
+            f"of this table (D = {D}), the tiled forward with the two-kernel backward ({tiled}: "
+            f"measured the faster, {_measured(s)}) at every other length."
             if old_picked
-            else f". `kernel=pallas` runs the tiled ones at every length of this table (D = {D})."
+            else f". `kernel=pallas` runs the tiled forward with the two-kernel backward "
+            f"({tiled}: measured the faster, {_measured(s)}) at every length of this table "
+            f"(D = {D})."
         )
     )

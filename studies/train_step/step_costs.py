@@ -23,6 +23,8 @@ from typing import Any
 
 from linear_gpt2.experiments import hlo_costs
 from linear_gpt2.kernels.head_loss import cost as head_loss_cost
+from linear_gpt2.kernels.lt_attention_parallel import cost as parallel_cost
+from linear_gpt2.kernels.lt_attention_parallel import plan as parallel_plan
 from linear_gpt2.kernels.lt_chunked import cost as lt_cost
 from linear_gpt2.kernels.lt_chunked import plan as lt_plan
 from studies.train_step.step_time import SIZES
@@ -101,10 +103,40 @@ def _attention_parallel_costs(B: int, T: int, H: int, D: int, c: int) -> list[lt
     ]
 
 
+# The tiled designs' launches in ``lt_attention_parallel.cost`` -> the names their Pallas kernels
+# are launched with (``tiled.py``, ``tiled_dq.py``).
+_TILED_NAMES = {
+    "tiled_fwd": "tiled_fwd",
+    "tiled_bwd": "tiled_bwd",
+    "tiled_bwd_dkv": "tiled_dkv",
+    "tiled_bwd_dq": "tiled_dq",
+}
+
+
+def _attention_parallel_tiled_costs(
+    B: int, T: int, H: int, D: int, c: int
+) -> list[lt_cost.KernelCost]:
+    """``LT_attention_parallel``'s tiled kernels, named as launched: ``pallas_tiled``'s forward
+    and atomic backward, ``pallas_tiled_dq``'s key and query kernels (what ``kernel=pallas`` runs
+    with the tiled forward), each design at the tiling ``cost.choose`` gives it, T padded to
+    its resident blocks; FLOPs and compulsory bytes from ``kernels/lt_attention_parallel/
+    cost.py`` (its steps: the longest program's loop steps)."""
+    out = []
+    for kernel, dq in ((parallel_cost.TILED, "atomic"), (parallel_cost.TILED_DQ, "kernel")):
+        t = parallel_cost.choose(B, T, H, D, c, BF16, kernel).tiles
+        Tp = parallel_plan.padded_length(T, t)
+        for k in parallel_cost.tiled_kernels(B, Tp, H, D, BF16, t, True, dq=dq):
+            if k.name in _TILED_NAMES:
+                out.append(lt_cost.KernelCost(_TILED_NAMES[k.name], k.programs, k.steps,
+                                              k.flops, k.bytes))  # fmt: skip
+    return out
+
+
 def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
     """The cost models' kernels at ``point``'s shape, by the name their Pallas kernels are
-    launched with (``LT_chunked``'s both designs, ``LT_attention_parallel``'s single pass): a
-    launch is priced by the entry of its name, whatever attention launched it."""
+    launched with (``LT_chunked``'s both designs, ``LT_attention_parallel``'s single pass, and
+    at its points its tiled designs): a launch is priced by the entry of its name, whatever
+    attention launched it."""
     dims = SIZES[point.size]
     B, T, H = point.batch, point.context, dims["n_head"] * point.key_blocks
     D = dims["n_embd"] // H
@@ -113,7 +145,10 @@ def pallas_costs(point: Point) -> dict[str, lt_cost.KernelCost]:
     ks = lt_cost.chunk_kernels(B, T, H, Dp, BF16, lt_cost.plan_blocks(B, T, H, Dp, c), True)
     ks += lt_cost.fused_kernels(B, T, H, Dp, BF16, lt_plan.fused_blocks(B, T, H, Dp, c), True)
     out = {"lt_chunked_" + k.name: k for k in ks if not k.name.startswith(("xla", "fwd_h ("))}
-    for k in _attention_parallel_costs(B, T, H, Dp, lt_plan.tile(c, Dp)):
+    parallel = _attention_parallel_costs(B, T, H, Dp, lt_plan.tile(c, Dp))
+    if point.attention == "LT_attention_parallel":  # the only attention that launches them
+        parallel += _attention_parallel_tiled_costs(B, T, H, Dp, c)
+    for k in parallel:
         out["lt_attention_parallel_" + k.name] = k
     for k in head_loss_cost.kernel_costs(B * T, dims["vocab_size"], dims["n_embd"]):
         out[k.name] = k  # model.loss_kernel=pallas_fused (kernels/head_loss/)

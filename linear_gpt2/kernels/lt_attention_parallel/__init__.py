@@ -17,8 +17,8 @@ module            kernel (grid)
                   block j's dphi(q), two loops
 ``plan``          the tiled kernels' tiles and warps (:class:`plan.Tiles`)
 ``cost``          the roofline MODEL of the designs; ``kernel=pallas`` chooses with it
-                  (between ``pallas_tiled`` and ``pallas_blocked``; ``pallas_tiled_dq``
-                  is priced, named by ``kernel=`` only until a GPU times it)
+                  and an H200's timing: the model's first design, a tiled one run as
+                  ``pallas_tiled_dq`` (its backward measured the faster; ``cost.MEASURED``)
 ``ops``           the choice by shape and the differentiable entry points
 ================  =====================================================================
 
@@ -28,8 +28,8 @@ the log-gates too (``ops.attention``, ``ops.forget_attention``). This ``__init__
 nothing: the oracle never imports Pallas.
 """
 
-# The Pallas kernels of LT_attention_parallel: "pallas" chooses by shape between pallas_tiled and
-# pallas_blocked; pallas_tiled_dq (the two-kernel backward) runs when named.
+# The Pallas kernels of LT_attention_parallel: "pallas" chooses by shape between pallas_tiled_dq
+# and pallas_blocked (cost.choose); pallas_tiled (the atomic backward) runs when named.
 TILED = "pallas_tiled"
 TILED_DQ = "pallas_tiled_dq"
 BLOCKED = "pallas_blocked"

@@ -5,10 +5,10 @@ programs longest first, one backward kernel with atomic dq), ``pallas_tiled_dq``
 (``tiled_dq.py``: the same forward, FlashAttention 2's two backward kernels without atomics),
 ``pallas_blocked`` (``blocked.py``: the first design, one query block per program, a two-loop
 backward kernel), or ``pallas``, which asks the roofline model (``cost.choose``) for the design
-and tiling with the lower modelled forward + backward time at the shape (between
-``pallas_tiled`` and ``pallas_blocked``: the model does not price what separates the two tiled
-backwards, ``cost.py``), and notes the choice once per shape (logged at INFO,
-printed by the trainer and ``scripts/compile.py``), as ``LT_chunked``'s ``kernel=pallas`` does.
+with the lowest modelled forward + backward time at the shape and runs a tiled one with the
+two-kernel backward (``pallas_tiled_dq``: the atomic one measured slower on an H200 with the
+same forward, ``cost.MEASURED``), and notes the choice once per shape (logged at INFO, printed
+by the trainer and ``scripts/compile.py``), as ``LT_chunked``'s ``kernel=pallas`` does.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ backward's: 64 at D = 128, 32 at D <= 32), and its query tile 32 rows (compiled 
 tests/test_target.py; registers and shared memory per kernel in
 benchmarks/results/kernel_roofline_parallel_h100_model.md). Which of the two tilings of
 :func:`candidates` runs at a shape is the cost model's choice (``cost.choose``): the smaller one
-where the larger leaves too few programs for the 132 SMs.
+where the larger leaves too few programs for the 132 SMs. The two-kernel backward
+(``tiled_dq.py``, what ``kernel=pallas`` runs with the tiled forward) has its own tilings,
+:func:`dq_candidates`, chosen the same way.
 """
 
 from __future__ import annotations

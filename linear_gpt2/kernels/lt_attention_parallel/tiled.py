@@ -46,8 +46,9 @@ Compiled for the H100 the adds are ``acq_rel`` atomics, a GPU-wide memory barrie
 invalidation around each (Pallas's ``atomic_add`` takes no memory order: its Triton lowering
 fixes acquire-release, jax 0.11.2), and the three dots with the 32-row query tile on
 their M side take the ``mma.sync`` path, not the warpgroup MMA; ``tiled_dq.py``
-(``kernel=pallas_tiled_dq``) is FlashAttention 2's backward without either, kept beside this one
-until a GPU times both (``cost.py``).
+(``kernel=pallas_tiled_dq``) is FlashAttention 2's backward without either, the one
+``kernel=pallas`` runs with this forward since an H200 timed both (``cost.py``, ``cost.MEASURED``);
+this one runs when named.
 
 **Forgetting** (:func:`forget_attention`): the kernels also read the block-local cumulative
 log-gates b (inclusive: the sum of log gamma from the block's first row to i) and e (exclusive

@@ -1,6 +1,8 @@
 """``LT_attention_parallel``'s tiled kernels with FlashAttention 2's backward
 (``kernel=pallas_tiled_dq``): the forward of ``tiled.py``, and two backward kernels without
-atomics, one per key block for dphi(k) and dv, one per query block for dphi(q).
+atomics, one per key block for dphi(k) and dv, one per query block for dphi(q). What
+``kernel=pallas`` runs wherever it picks the tiled design (``cost.choose``: measured faster than
+the atomic backward, ``cost.MEASURED``).
 
 Same function as ``tiled.py`` (the oracle: ``naive.blocked_linear_attention``, with forgetting
 ``naive.blocked_forget_attention``), and the same forward kernel; only the backward differs.
