@@ -130,10 +130,7 @@ def recount(data: dict) -> dict:
         if row.get("seconds") and row.get("tflops") is not None and row["name"] in names:
             f = fwd_flops(row["name"], shape["B"], row["T"], shape["H"], shape["D"], c)
             row["tflops"] = f * (1 if row["mode"] == "fwd" else 3) / row["seconds"] / 1e12
-    if "meta" in data:
-        data["meta"]["flop_count"] = FLOP_COUNT
-    else:
-        data["flop_count"] = FLOP_COUNT
+    settings["flop_count"] = FLOP_COUNT  # beside the settings, where gpu_check's collect keeps it
     return data
 
 

@@ -161,7 +161,7 @@ def test_bench_kernels_counts_the_causal_half_and_stays_under_the_peak():
     assert causal == 4 * 12 * 64 * T * (T + 1) / 2  # scores and weighted sums of the pairs j <= i
     path = ROOT / "benchmarks" / "results" / "kernel_sweep_h200_measured.json"
     data = json.loads(path.read_text())
-    assert data["meta"]["flop_count"] == bench_kernels.FLOP_COUNT
+    assert data["meta"]["settings"]["flop_count"] == bench_kernels.FLOP_COUNT
     rated = [r for r in data["rows"] if r.get("tflops")]
     assert rated and all(r["tflops"] * 1e12 < cards.H200.peak_bf16_flops for r in rated)
     again = bench_kernels.recount(json.loads(path.read_text()))
