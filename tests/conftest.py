@@ -65,6 +65,7 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    _heaviest_modules_first(items)
     if _has_gpu():
         return
     skip = pytest.mark.skip(
@@ -73,6 +74,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _heaviest_modules_first(items) -> None:
+    """The modules with the most slow tests first, each module's tests kept together and in
+    order (a module fixture is set up once per worker). pytest-xdist hands the tests out in this
+    order: with the heavy ones late (test_target, test_trainer: alphabetical) the run ended on
+    one busy worker beside idle ones."""
+    slow: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        module = item.nodeid.split("::")[0]
+        first.setdefault(module, i)
+        slow[module] = slow.get(module, 0) + ("slow" in item.keywords)
+    items.sort(key=lambda item: (-slow[m := item.nodeid.split("::")[0]], first[m]))
 
 
 @pytest.fixture

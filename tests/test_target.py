@@ -232,16 +232,14 @@ FORGET_KERNELS = {"fwd_h", "fwd_o", "bwd_dh", "bwd_dq", "bwd_dk", "bwd_dv"}
 
 
 @SLOW
-@pytest.mark.parametrize("c", [64, 128])
 @pytest.mark.parametrize("D", [64, 128])
-def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D, c):
+def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D):
     """Issue 14: with resets and decay gates ``kernel=pallas`` is the chunk-parallel design, its
     gradient kernels apart (dq, dk, dv: together they spill with the pair weights), forward and
-    backward through the log-gates, without spills and within shared memory."""
-    r = compile_step.compile_attention(
-        "LT_chunked", (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True, chunk_size=c,
-        kernel="pallas", resets=True, log_gate=True,
-    )  # fmt: skip
+    backward through the log-gates, without spills and within shared memory; c = 64 and 128 in
+    one program (``_attention_calls``)."""
+    calls = [dict(chunk_size=c, kernel="pallas") for c in (64, 128)]
+    r = _attention_calls("LT_chunked", (1, 1024, 12, D), calls, forget=True)
     assert _names(r, "lt_chunked_") == FORGET_KERNELS
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
@@ -268,20 +266,45 @@ def test_kernels_with_wider_keys_compile_without_spills(name, kernel, expected):
     assert max(k.programs for k in r.kernels) >= 36  # 12 heads x 3 blocks
 
 
-@pytest.mark.parametrize("c", [64, 128])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("kernel", PARALLEL_DESIGNS)
-def test_parallel_kernels_with_resets_and_gates_compile_without_spills(kernel, D, c):
+def test_parallel_kernels_with_resets_and_gates_compile_without_spills(kernel, D):
     """``LT_attention_parallel`` with resets and decay gates, each design: its own kernel pair
     (the pair weights built per tile, d(log_gate) from the backward), no XLA fallback, without
     spills and within shared memory (registers and shared memory per kernel:
-    benchmarks/results/kernel_roofline_parallel_h100_model.md)."""
-    r = compile_step.compile_attention(
-        "LT_attention_parallel", (1, 1024, 12, D), "bfloat16", "h100", fail_on_spill=True,
-        chunk_size=c, kernel=kernel, resets=True, log_gate=True,
-    )  # fmt: skip
+    benchmarks/results/kernel_roofline_parallel_h100_model.md); c = 64 and 128 in one program."""
+    calls = [dict(chunk_size=c, kernel=kernel) for c in (64, 128)]
+    r = _attention_calls("LT_attention_parallel", (1, 1024, 12, D), calls, forget=True)
     assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS[kernel]
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+
+
+def _attention_calls(name: str, shape, calls, *, forget: bool):
+    """Attention ``name`` forward + backward once per options of ``calls`` (with resets and
+    log-gates if ``forget``), as one program compiled for the H100, spills an error: one compile
+    where each call's own cost several (XLA's compile of the program around the kernels)."""
+    import jax
+    import jax.numpy as jnp
+
+    from linear_gpt2 import attention
+
+    def f(q, k, v, dy, resets, log_gate):
+        kw = {"resets": resets, "log_gate": log_gate} if forget else {}
+        out = []
+        for options in calls:
+            fn = attention.get(name, **options)
+            y, vjp = jax.vjp(lambda q, k, v, fn=fn: fn(q, k, v, **kw), q, k, v)
+            out.append((y, vjp(dy)))
+        return out
+
+    rep = compile_step.replicated("h100")
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=rep)
+    extra = (jax.ShapeDtypeStruct(shape[:2], jnp.bool_, sharding=rep),
+             jax.ShapeDtypeStruct(shape[:3], jnp.float32, sharding=rep))  # fmt: skip
+    return compile_step.compile_program(
+        jax.jit(f), (x, x, x, x, *extra), "h100", kernels=True, fail_on_spill=True,
+        what=f"{name} {calls} {list(shape)}" + (" with resets and log-gates" if forget else ""),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("D, forget", [(64, False), (128, True)], ids=["64", "128-forget"])
@@ -309,26 +332,54 @@ def test_parallel_two_kernel_backward_compiles_without_spills(D, forget):
 
 @SLOW
 @pytest.mark.parametrize("kernel", ["pallas_tiled", "pallas_tiled_dq"])
-@pytest.mark.parametrize("forget", [False, True], ids=["plain", "forget"])
 @pytest.mark.parametrize(
     "D, c", [(16, 16), (16, 64), (32, 32), (32, 64), (64, 16), (64, 32), (128, 32)]
 )
-def test_parallel_tiled_kernels_at_every_tiling_compile_without_spills(D, c, forget, kernel):
+def test_parallel_tiled_kernels_at_every_tiling_compile_without_spills(D, c, kernel):
     """Both tiled designs at both of their tilings (``plan.candidates``, ``plan.dq_candidates``)
     of small head dims and of tiles capped by a small block size, with and without resets and
     gates: within the registers too (at D <= 32 the atomic backward's resident key block is 32
-    rows: 64 spilled; the two-kernel backward's is 128, what kernel=pallas runs there)."""
+    rows: 64 spilled; the two-kernel backward's is 128, what kernel=pallas runs there). Every
+    tiling and both forgettings in one program (``_every_tiling``): one compile, not four."""
     from linear_gpt2.kernels.lt_attention_parallel import plan
 
     tilings = plan.dq_candidates if kernel == "pallas_tiled_dq" else plan.candidates
-    for tiles in tilings(c, D):
-        with _tiles(tiles, kernel):
-            r = compile_step.compile_attention(
-                "LT_attention_parallel", (1, 1024, 12, D), "bfloat16", "h100",
-                fail_on_spill=True, chunk_size=c, kernel=kernel, resets=forget, log_gate=forget,
-            )  # fmt: skip
-        assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS[kernel], tiles
-        assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+    r = _every_tiling(kernel, tilings(c, D), (1, 1024, 12, D), c)
+    expected = PARALLEL_KERNELS[kernel]
+    assert _names(r, "lt_attention_parallel_") == expected
+    # Each tiling's design, plain and with forgetting: its own kernels, none merged away.
+    assert len(r.kernels) == 2 * len(tilings(c, D)) * len(expected), [k.name for k in r.kernels]
+    assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
+
+
+def _every_tiling(kernel: str, tilings, shape, c: int):
+    """``LT_attention_parallel`` forward + backward at each tiling of ``tilings``, plain and with
+    resets and log-gates, as one program compiled for the H100 (spills are errors): a tiling is
+    chosen when the attention is traced, so each call in the trace takes its own."""
+    import jax
+    import jax.numpy as jnp
+
+    from linear_gpt2 import attention
+
+    fn = attention.get("LT_attention_parallel", chunk_size=c, kernel=kernel)
+
+    def f(q, k, v, dy, resets, log_gate):
+        out = []
+        for kw in ({}, {"resets": resets, "log_gate": log_gate}):
+            for tiles in tilings:
+                with _tiles(tiles, kernel):
+                    y, vjp = jax.vjp(lambda q, k, v, kw=kw: fn(q, k, v, **kw), q, k, v)
+                    out.append((y, vjp(dy)))
+        return out
+
+    rep = compile_step.replicated("h100")
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=rep)
+    forget = (jax.ShapeDtypeStruct(shape[:2], jnp.bool_, sharding=rep),
+              jax.ShapeDtypeStruct(shape[:3], jnp.float32, sharding=rep))  # fmt: skip
+    return compile_step.compile_program(
+        jax.jit(f), (x, x, x, x, *forget), "h100", kernels=True, fail_on_spill=True,
+        what=f"LT_attention_parallel {kernel} at every tiling {list(shape)} c={c}",
+    )  # fmt: skip
 
 
 def _tiles(tiles, kernel: str = "pallas_tiled"):
