@@ -238,8 +238,8 @@ def test_chunk_parallel_kernels_with_resets_and_gates_compile_without_spills(D):
     gradient kernels apart (dq, dk, dv: together they spill with the pair weights), forward and
     backward through the log-gates, without spills and within shared memory; c = 64 and 128 in
     one program (``_attention_calls``)."""
-    calls = [dict(chunk_size=c, kernel="pallas") for c in (64, 128)]
-    r = _attention_calls("LT_chunked", (1, 1024, 12, D), calls, forget=True)
+    calls = [(dict(chunk_size=c, kernel="pallas"), True, None) for c in (64, 128)]
+    r = _attention_calls("LT_chunked", (1, 1024, 12, D), calls)
     assert _names(r, "lt_chunked_") == FORGET_KERNELS
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
@@ -273,28 +273,34 @@ def test_parallel_kernels_with_resets_and_gates_compile_without_spills(kernel, D
     (the pair weights built per tile, d(log_gate) from the backward), no XLA fallback, without
     spills and within shared memory (registers and shared memory per kernel:
     benchmarks/results/kernel_roofline_parallel_h100_model.md); c = 64 and 128 in one program."""
-    calls = [dict(chunk_size=c, kernel=kernel) for c in (64, 128)]
-    r = _attention_calls("LT_attention_parallel", (1, 1024, 12, D), calls, forget=True)
+    calls = [(dict(chunk_size=c, kernel=kernel), True, None) for c in (64, 128)]
+    r = _attention_calls("LT_attention_parallel", (1, 1024, 12, D), calls)
     assert _names(r, "lt_attention_parallel_") == PARALLEL_KERNELS[kernel]
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
 
 
-def _attention_calls(name: str, shape, calls, *, forget: bool):
-    """Attention ``name`` forward + backward once per options of ``calls`` (with resets and
-    log-gates if ``forget``), as one program compiled for the H100, spills an error: one compile
-    where each call's own cost several (XLA's compile of the program around the kernels)."""
+def _attention_calls(name: str, shape, calls):
+    """Attention ``name`` forward + backward once per ``(options, forget, tiles)`` of ``calls``
+    (with resets and log-gates if ``forget``; a tiled design's tiling forced if ``tiles``: it is
+    chosen when the attention is traced, so each call takes its own), as one program compiled
+    for the H100, spills an error: one compile where each call's own cost several (XLA's
+    compile of the program around the kernels)."""
+    import contextlib
+
     import jax
     import jax.numpy as jnp
 
     from linear_gpt2 import attention
 
     def f(q, k, v, dy, resets, log_gate):
-        kw = {"resets": resets, "log_gate": log_gate} if forget else {}
         out = []
-        for options in calls:
+        for options, forget, tiles in calls:
             fn = attention.get(name, **options)
-            y, vjp = jax.vjp(lambda q, k, v, fn=fn: fn(q, k, v, **kw), q, k, v)
-            out.append((y, vjp(dy)))
+            kw = {"resets": resets, "log_gate": log_gate} if forget else {}
+            chosen = _tiles(tiles, options["kernel"]) if tiles else contextlib.nullcontext()
+            with chosen:
+                y, vjp = jax.vjp(lambda q, k, v, fn=fn, kw=kw: fn(q, k, v, **kw), q, k, v)
+                out.append((y, vjp(dy)))
         return out
 
     rep = compile_step.replicated("h100")
@@ -303,7 +309,7 @@ def _attention_calls(name: str, shape, calls, *, forget: bool):
              jax.ShapeDtypeStruct(shape[:3], jnp.float32, sharding=rep))  # fmt: skip
     return compile_step.compile_program(
         jax.jit(f), (x, x, x, x, *extra), "h100", kernels=True, fail_on_spill=True,
-        what=f"{name} {calls} {list(shape)}" + (" with resets and log-gates" if forget else ""),
+        what=f"{name} {len(calls)} calls {list(shape)}",
     )  # fmt: skip
 
 
@@ -340,46 +346,18 @@ def test_parallel_tiled_kernels_at_every_tiling_compile_without_spills(D, c, ker
     of small head dims and of tiles capped by a small block size, with and without resets and
     gates: within the registers too (at D <= 32 the atomic backward's resident key block is 32
     rows: 64 spilled; the two-kernel backward's is 128, what kernel=pallas runs there). Every
-    tiling and both forgettings in one program (``_every_tiling``): one compile, not four."""
+    tiling and both forgettings in one program (``_attention_calls``): one compile, not four."""
     from linear_gpt2.kernels.lt_attention_parallel import plan
 
     tilings = plan.dq_candidates if kernel == "pallas_tiled_dq" else plan.candidates
-    r = _every_tiling(kernel, tilings(c, D), (1, 1024, 12, D), c)
+    calls = [(dict(chunk_size=c, kernel=kernel), forget, tiles)
+             for forget in (False, True) for tiles in tilings(c, D)]  # fmt: skip
+    r = _attention_calls("LT_attention_parallel", (1, 1024, 12, D), calls)
     expected = PARALLEL_KERNELS[kernel]
     assert _names(r, "lt_attention_parallel_") == expected
     # Each tiling's design, plain and with forgetting: its own kernels, none merged away.
     assert len(r.kernels) == 2 * len(tilings(c, D)) * len(expected), [k.name for k in r.kernels]
     assert all(0 < k.programs and k.shared_memory <= LIMIT for k in r.kernels)
-
-
-def _every_tiling(kernel: str, tilings, shape, c: int):
-    """``LT_attention_parallel`` forward + backward at each tiling of ``tilings``, plain and with
-    resets and log-gates, as one program compiled for the H100 (spills are errors): a tiling is
-    chosen when the attention is traced, so each call in the trace takes its own."""
-    import jax
-    import jax.numpy as jnp
-
-    from linear_gpt2 import attention
-
-    fn = attention.get("LT_attention_parallel", chunk_size=c, kernel=kernel)
-
-    def f(q, k, v, dy, resets, log_gate):
-        out = []
-        for kw in ({}, {"resets": resets, "log_gate": log_gate}):
-            for tiles in tilings:
-                with _tiles(tiles, kernel):
-                    y, vjp = jax.vjp(lambda q, k, v, kw=kw: fn(q, k, v, **kw), q, k, v)
-                    out.append((y, vjp(dy)))
-        return out
-
-    rep = compile_step.replicated("h100")
-    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=rep)
-    forget = (jax.ShapeDtypeStruct(shape[:2], jnp.bool_, sharding=rep),
-              jax.ShapeDtypeStruct(shape[:3], jnp.float32, sharding=rep))  # fmt: skip
-    return compile_step.compile_program(
-        jax.jit(f), (x, x, x, x, *forget), "h100", kernels=True, fail_on_spill=True,
-        what=f"LT_attention_parallel {kernel} at every tiling {list(shape)} c={c}",
-    )  # fmt: skip
 
 
 def _tiles(tiles, kernel: str = "pallas_tiled"):
